@@ -1,0 +1,12 @@
+"""offbroadway: Broadway-style ingestion pipelines on supervised OS processes.
+
+The handler API users import::
+
+    from offbroadway import Pipeline, Message
+"""
+
+from .message import BatchInfo, Message
+from .pipeline import Pipeline
+
+__all__ = ["Pipeline", "Message", "BatchInfo"]
+__version__ = "0.1.0"

@@ -1,0 +1,265 @@
+"""The daemon: wires the supervision tree, the stages' hub, control and the drain.
+
+One asyncio loop holds everything: the supervisors (objects, not processes), the hub that
+stages report to, the operator's control socket, and the terminator — Broadway's process
+that runs the graceful shutdown, here a coroutine of the daemon (``pid: null`` in status).
+
+Reactions the daemon owns, because only it sees the whole pipeline:
+
+* a stage downstream of the producers exits → every producer hands its in-flight messages
+  back to its source (nothing lost; at-least-once);
+* a producer restarts → processors subscribe to it afresh;
+* every producer idle under ``--until-idle``, SIGTERM/SIGINT, or ``offbroadway stop`` →
+  the drain: producers stop fetching and flush, each stage flushes when all its producers
+  have cancelled, batch processors report done, acks settle, then the tree stops in
+  reverse start order.  Whatever is not done by ``shutdown_timeout`` stays unacked at the
+  source, to be delivered again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import stat
+import time
+from typing import Any
+
+import psutil
+
+from offbroadway.supervision import Supervisor
+
+from . import topology as topo_mod
+from . import control
+from .hub import Hub
+from .notify import Notifier
+
+log = logging.getLogger("offbroadway.daemon")
+
+
+class RuntimeDirError(RuntimeError):
+    pass
+
+
+def prepare_private_dir(path: str) -> None:
+    """Create ``path`` 0700, or refuse one that others could write to (sockets live there)."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.stat(path)
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise RuntimeDirError(f"runtime dir {path} is writable by group/others "
+                              f"(mode {stat.S_IMODE(st.st_mode):o}); refusing to start")
+    if st.st_uid != os.getuid():
+        raise RuntimeDirError(f"runtime dir {path} belongs to uid {st.st_uid}, not us")
+
+
+class Daemon:
+    def __init__(self, config: Any, *, until_idle: bool = False,
+                 notifier: Notifier | None = None) -> None:
+        self.config = config
+        self.until_idle = until_idle
+        self.notifier = notifier or Notifier()
+        self.stats: dict[str, dict] = {}
+        self.idle: dict[str, bool] = {}
+        self.done: set[str] = set()
+        self.settled: set[str] = set()
+        self.draining = False
+        self.paused = False
+        self._stop = asyncio.Event()
+        self._idle_event = asyncio.Event()
+        self._progress = asyncio.Event()
+        self.exit_reason: str | None = None
+        self.started_at = time.time()
+
+    # -- wiring -----------------------------------------------------------------------------
+    def _build(self) -> None:
+        rt = self.config.runtime
+        self.topology = topo_mod.build(self.config, stage_env=self._stage_env)
+
+    def _stage_env(self, stage_id: str) -> dict[str, str]:
+        return {"OFFBROADWAY_LOG_LEVEL": self.config.runtime.log_level}
+
+    def on_report(self, stage_id: str, name: str, body: dict) -> None:
+        if name == "stats":
+            body["at"] = time.time()
+            self.stats[stage_id] = body
+        elif name == "idle":
+            self.idle[stage_id] = bool(body.get("idle"))
+            if self.until_idle and self.topology.producers and all(
+                    self.idle.get(p) for p in self.topology.producers):
+                self._idle_event.set()
+        elif name == "done":
+            self.done.add(stage_id)
+            self._progress.set()
+        elif name == "settled":
+            self.settled.add(stage_id)
+            self._progress.set()
+        elif name == "hello" and self.draining:
+            # a stage (re)started during the drain: bring it into the drain too
+            self._drain_command(stage_id)
+
+    def on_event(self, event: Any) -> None:
+        """Supervision events: turn stage exits and restarts into pipeline reactions."""
+        kind = type(event).__name__
+        child_id = getattr(event, "child_id", None) or getattr(event, "id", None)
+        role = self.topology.roles.get(child_id or "")
+        if kind == "ChildExited" and role in ("processor", "batcher", "batch_processor", "spark"):
+            self.idle.clear()
+            for p in self.topology.producers:
+                self.hub.command(p, "requeue", reason=f"{child_id} exited")
+        elif kind == "ChildStarted" and role == "producer":
+            for c in self.topology.processors:
+                self.hub.command(c, "resubscribe", producer=child_id)
+
+    def _drain_command(self, stage_id: str) -> None:
+        role = self.topology.roles.get(stage_id)
+        if role == "producer":
+            self.hub.command(stage_id, "shutdown")
+        elif role == "processor":
+            self.hub.command(stage_id, "no_resubscribe")
+
+    # -- run --------------------------------------------------------------------------------
+    async def run(self) -> int:
+        rt = self.config.runtime
+        prepare_private_dir(rt.dir)
+        os.makedirs(rt.state_dir, mode=0o700, exist_ok=True)
+        self._build()
+        self.hub = Hub(rt.dir, self.on_report)
+        self.hub.start()
+        self.root = Supervisor(self.topology.root, on_event=self.on_event)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop, sig.name)
+        name = self.config.pipeline.name
+        self.control = await control.serve(os.path.join(rt.dir, control.CONTROL_SOCKET),
+                                           self.handle_control)
+        try:
+            self.notifier.status(f"starting pipeline {name}")
+            try:
+                await self.root.start()
+            except Exception as exc:
+                log.error("pipeline %s failed to start: %s", name, exc)
+                return 1
+            log.info("pipeline %s is up: %d stages", name, len(self.topology.stages))
+            self.notifier.ready(f"pipeline {name} running")
+            waits = {asyncio.ensure_future(self._stop.wait()): "stop",
+                     asyncio.ensure_future(self.root.wait_failed()): "failed"}
+            if self.until_idle:
+                waits[asyncio.ensure_future(self._idle_event.wait())] = "idle"
+            finished, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for fut in pending:
+                fut.cancel()
+            first = next(iter(finished))
+            if waits[first] == "failed":
+                reason = first.result()
+                log.error("pipeline %s gave up: %s", name, reason)
+                self.notifier.status(f"failed: {reason}")
+                return 1
+            if waits[first] == "idle":
+                log.info("pipeline %s: source exhausted and everything acked; draining", name)
+            await self.drain()
+            return 0
+        finally:
+            self.notifier.stopping()
+            await self.root.stop()
+            self.control.close()
+            self.hub.close()
+            log.info("pipeline %s stopped", name)
+
+    def request_stop(self, why: str = "stop") -> None:
+        if not self._stop.is_set():
+            log.info("%s received: draining", why)
+            self._stop.set()
+
+    # -- the terminator ---------------------------------------------------------------------
+    async def drain(self) -> None:
+        """Broadway's shutdown cascade, bounded by ``pipeline.shutdown_timeout``."""
+        timeout = self.config.pipeline.shutdown_timeout
+        deadline = time.monotonic() + timeout
+        self.draining = True
+        self.notifier.stopping()
+        self.notifier.extend_timeout(timeout + 10)
+        self.notifier.status("draining")
+        for sid in self.topology.processors + self.topology.producers:
+            self._drain_command(sid)
+        finishers = set(self.topology.finishers)
+        if not await self._wait_for(lambda: finishers <= self.done, deadline):
+            log.warning("drain: %s not done after %.1fs; their messages stay unacked at the "
+                        "source and will be delivered again", sorted(finishers - self.done),
+                        timeout)
+        producers = set(self.topology.producers)
+        if not await self._wait_for(lambda: producers <= self.settled, deadline):
+            log.warning("drain: %s still had messages in flight at the deadline",
+                        sorted(producers - self.settled))
+        log.info("drain complete")
+
+    async def _wait_for(self, predicate, deadline: float) -> bool:
+        while not predicate():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._progress.clear()
+            try:
+                await asyncio.wait_for(self._progress.wait(), min(remaining, 0.5))
+            except asyncio.TimeoutError:
+                pass
+        return True
+
+    # -- operator control ---------------------------------------------------------------------
+    async def handle_control(self, req: dict) -> dict:
+        cmd = req.get("cmd")
+        if cmd == "status":
+            return {"ok": True, "status": self.status()}
+        if cmd == "stop":
+            self.request_stop("offbroadway stop")
+            return {"ok": True}
+        if cmd == "restart":
+            child_id = str(req.get("child", ""))
+            if self.root.find(child_id) is None and child_id != "terminator":
+                return {"ok": False, "error": f"no child with id {child_id!r}"}
+            if child_id == "terminator":
+                return {"ok": False, "error": "terminator runs inside the daemon; nothing to restart"}
+            await self.root.restart_subtree_or_child(child_id)
+            return {"ok": True}
+        if cmd == "drain":
+            self.paused = True
+            for p in self.topology.producers:
+                self.hub.command(p, "pause")
+            for b in self.topology.batchers:
+                self.hub.command(b, "flush")
+            return {"ok": True}
+        if cmd == "resume":
+            self.paused = False
+            for p in self.topology.producers:
+                self.hub.command(p, "resume")
+            return {"ok": True}
+        return {"ok": False, "error": f"unknown command {cmd!r}"}
+
+    def status(self) -> dict:
+        """``{"pipeline": NAME, "tree": NODE}`` per the interface contract (§10)."""
+        tree = self.root.snapshot()
+        tree["children"].append({
+            "id": "terminator", "kind": "worker", "strategy": None, "pid": None,
+            "state": "draining" if self.draining else "running", "restarts": 0,
+            "children": []})
+        self._decorate(tree)
+        return {"pipeline": self.config.pipeline.name, "tree": tree,
+                "draining": self.draining, "paused": self.paused,
+                "uptime": time.time() - self.started_at}
+
+    def _decorate(self, node: dict) -> None:
+        stats = self.stats.get(node["id"])
+        if stats is not None:
+            node["messages"] = {k: v for k, v in stats.items() if k != "at"}
+        pid = node.get("pid")
+        if pid:
+            try:
+                proc = psutil.Process(pid)
+                with proc.oneshot():
+                    cpu = proc.cpu_times()
+                    node["rss_bytes"] = proc.memory_info().rss
+                    node["cpu_seconds"] = cpu.user + cpu.system
+            except psutil.Error:
+                pass
+        for child in node.get("children", []):
+            self._decorate(child)

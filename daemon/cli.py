@@ -1,0 +1,143 @@
+"""The ``offbroadway`` command: run a pipeline, check a config, steer a running daemon."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+from . import control
+
+EXIT_CONFIG = 2
+
+
+def _setup_logging(level: str = "info", fmt: str = "text") -> None:
+    if fmt == "json":
+        from .logs import JsonFormatter
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonFormatter())
+        logging.basicConfig(level=level.upper(), handlers=[handler])
+    else:
+        logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                            format="%(asctime)s %(levelname)s [daemon] %(name)s: %(message)s")
+
+
+def _load(path: str):
+    from .config import ConfigError, load_config
+
+    try:
+        loaded = load_config(path)
+    except ConfigError as exc:
+        print(f"offbroadway: invalid config {path}: {exc}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+    except OSError as exc:
+        print(f"offbroadway: cannot read config {path}: {exc}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+    for warning in loaded.warnings:
+        print(f"offbroadway: warning: {warning}", file=sys.stderr)
+    return loaded.config
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    print(f"{args.config}: ok (pipeline {config.pipeline.name})")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    _setup_logging(config.runtime.log_level, config.runtime.log_format)
+    from .app import Daemon, RuntimeDirError
+
+    try:
+        return asyncio.run(Daemon(config, until_idle=args.until_idle).run())
+    except RuntimeDirError as exc:
+        logging.getLogger("offbroadway.daemon").error("%s", exc)
+        return 1
+
+
+def _socket(args: argparse.Namespace) -> str:
+    if args.socket:
+        return args.socket
+    if args.config:
+        return os.path.join(_load(args.config).runtime.dir, control.CONTROL_SOCKET)
+    return os.path.join(os.path.abspath("var/run"), control.CONTROL_SOCKET)
+
+
+def _call(args: argparse.Namespace, payload: dict) -> dict[str, Any]:
+    try:
+        reply = control.request(_socket(args), payload)
+    except control.ControlError as exc:
+        print(f"offbroadway: {exc}", file=sys.stderr)
+        sys.exit(1)
+    if not reply.get("ok"):
+        print(f"offbroadway: {reply.get('error', 'request failed')}", file=sys.stderr)
+        sys.exit(1)
+    return reply
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    status = _call(args, {"cmd": "status"})["status"]
+    if args.json:
+        print(json.dumps({"pipeline": status["pipeline"], "tree": status["tree"]}))
+    else:
+        from .render import render_tree
+        print(render_tree(status))
+    return 0
+
+
+def cmd_simple(verb: str):
+    def run(args: argparse.Namespace) -> int:
+        payload = {"cmd": verb}
+        if verb == "restart":
+            payload["child"] = args.child_id
+        _call(args, payload)
+        print(f"{verb}: ok")
+        return 0
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="offbroadway", description=__doc__)
+    sub = parser.add_subparsers(dest="verb", required=True)
+    run = sub.add_parser("run", help="run a pipeline in the foreground")
+    run.add_argument("config")
+    run.add_argument("--until-idle", action="store_true",
+                     help="drain and exit 0 once the source is exhausted and all is acked")
+    run.set_defaults(fn=cmd_run)
+    check = sub.add_parser("check", help="validate a config (exit 2 on error)")
+    check.add_argument("config")
+    check.set_defaults(fn=cmd_check)
+
+    def target(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--config", help="the running daemon's config")
+        p.add_argument("--socket", help="the running daemon's control socket")
+
+    status = sub.add_parser("status", help="show the live supervision tree")
+    status.add_argument("--json", action="store_true")
+    target(status)
+    status.set_defaults(fn=cmd_status)
+    restart = sub.add_parser("restart", help="restart a child or a supervisor subtree")
+    restart.add_argument("child_id")
+    target(restart)
+    restart.set_defaults(fn=cmd_simple("restart"))
+    for verb, text in (("stop", "drain and stop the daemon"),
+                       ("drain", "stop fetching, finish what is in flight, stay up"),
+                       ("resume", "fetch again after a drain")):
+        p = sub.add_parser(verb, help=text)
+        target(p)
+        p.set_defaults(fn=cmd_simple(verb))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""The operator's control socket: ``<runtime_dir>/control.sock``, mode 0600, JSON lines.
+
+One request per connection: ``{"cmd": "status"}`` → one JSON reply.  The CLI verbs
+(status, restart, drain, resume, stop) are thin clients of this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+from typing import Any, Awaitable, Callable
+
+log = logging.getLogger("offbroadway.daemon.control")
+
+CONTROL_SOCKET = "control.sock"
+Handler = Callable[[dict], Awaitable[dict]]
+
+
+class ControlError(RuntimeError):
+    """The daemon could not be reached or refused the request."""
+
+
+async def serve(path: str, handler: Handler) -> asyncio.AbstractServer:
+    if os.path.exists(path):
+        os.unlink(path)
+
+    async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await asyncio.wait_for(reader.readline(), 10)
+            try:
+                request = json.loads(line)
+                if not isinstance(request, dict):
+                    raise ValueError("request is not a JSON object")
+                reply = await handler(request)
+            except Exception as exc:
+                reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            writer.write(json.dumps(reply).encode() + b"\n")
+            await writer.drain()
+        except (asyncio.TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    old = os.umask(0o177)     # the socket is created 0600: only the service user may steer
+    try:
+        server = await asyncio.start_unix_server(on_client, path=path)
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    return server
+
+
+def request(path: str, payload: dict, timeout: float = 30.0) -> dict[str, Any]:
+    """Synchronous client used by the CLI."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+    except (FileNotFoundError, ConnectionRefusedError):
+        raise ControlError(f"no offbroadway daemon is running at {path}") from None
+    except PermissionError:
+        raise ControlError(f"permission denied on {path} (run as the service user)") from None
+    with sock:
+        sock.sendall(json.dumps(payload).encode() + b"\n")
+        chunks = []
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                break
+            chunks.append(data)
+    raw = b"".join(chunks)
+    if not raw:
+        raise ControlError("the daemon closed the connection without answering")
+    return json.loads(raw)

@@ -1,0 +1,162 @@
+"""The pipeline's supervision tree, built from the config in one place (Broadway.Topology).
+
+Everything the supervisors and stages do follows from the tree this module returns: ids,
+order, strategies, intensities, and each stage's :class:`StageSpec`.  The shape is
+Broadway's (ARCHITECTURE §2)::
+
+    PipelineSupervisor (rest_for_one)
+    ├── spark                              local Spark Connect server, if any
+    ├── ProducerSupervisor (one_for_one)   producer_0 …
+    ├── ProcessorSupervisor (one_for_all, max_restarts 0)   processor_default_0 …
+    ├── BatchersSupervisor (one_for_one)
+    │   └── BatcherSupervisor_<key> (rest_for_one)
+    │       ├── batcher_<key>
+    │       └── BatchProcessorSupervisor_<key> (one_for_all, max_restarts 0)
+    │           └── batch_processor_<key>_0 …
+    └── terminator                         lives in the daemon process (pid null)
+
+``max_restarts = 0`` under processors and batch processors is Broadway's choice: callbacks
+fail messages, not processes, so a dead processor means something unforeseen, and the
+whole downstream restarts from a clean state while producers keep their sources open.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from offbroadway.stages.spec import STAGE_ENV, StageSpec
+from offbroadway.supervision.spec import (
+    INFINITY, Restart, Strategy, SupervisorSpec, WorkerSpec,
+)
+
+WORKER_ARGV = (sys.executable, "-m", "offbroadway.stages.worker")
+SPARK_ARGV = (sys.executable, "-m", "offbroadway.stages.spark_server")
+SPARK_TOKEN_ENV = "OFFBROADWAY_SPARK_TOKEN"
+PROCESSOR_KEY = "default"
+
+
+@dataclass
+class Topology:
+    """The tree plus the indexes the daemon needs to steer it."""
+
+    root: SupervisorSpec
+    producers: list[str] = field(default_factory=list)
+    processors: list[str] = field(default_factory=list)
+    batchers: list[str] = field(default_factory=list)
+    batch_processors: list[str] = field(default_factory=list)
+    spark: str | None = None
+    roles: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def finishers(self) -> list[str]:
+        """The stages whose ``done`` ends a drain: the last stage of the pipeline."""
+        return self.batch_processors or self.processors
+
+    @property
+    def stages(self) -> list[str]:
+        return self.producers + self.processors + self.batchers + self.batch_processors
+
+
+def build(config: Any, *, stage_env: Callable[[str], dict[str, str]] | None = None,
+          spark_child: WorkerSpec | None = None,
+          batch_processor_env: Callable[[], dict[str, str]] | None = None,
+          spark_settings: dict | None = None) -> Topology:
+    """Turn a validated config into the supervision tree.
+
+    ``stage_env(stage_id)`` adds environment for every stage (metrics dir, log settings);
+    ``spark_child`` is the local Spark server's worker spec (None: no local server);
+    ``batch_processor_env()`` is evaluated at each batch-processor start (the Spark token
+    of the current server incarnation); ``spark_settings`` is handed to the batch
+    processors' Spark sink.
+    """
+    p = config.pipeline
+    rt = config.runtime
+    proc = config.processors[PROCESSOR_KEY]
+    topo = Topology(root=None)  # type: ignore[arg-type]
+    base = dict(pipeline=p.name, runtime_dir=rt.dir, handler=p.handler, context=dict(p.context))
+    extra_env = stage_env or (lambda _id: {})
+
+    def worker(spec: StageSpec, *, heartbeat: float | None = None, memory: int | None = None,
+               env_fn: Callable[[], dict[str, str]] | None = None, shutdown: float = 5.0
+               ) -> WorkerSpec:
+        topo.roles[spec.id] = spec.role
+        payload = spec.to_env()
+
+        def env() -> dict[str, str]:
+            out = {STAGE_ENV: payload, **extra_env(spec.id)}
+            if env_fn is not None:
+                out.update(env_fn())
+            return out
+
+        return WorkerSpec(id=spec.id, argv=WORKER_ARGV, env=env, restart=Restart.PERMANENT,
+                          shutdown=shutdown, heartbeat_timeout=heartbeat or None,
+                          memory_limit=memory, meta={"role": spec.role})
+
+    batcher_keys = tuple(config.batchers)
+    n_producers = config.producer.concurrency
+    topo.producers = [f"producer_{i}" for i in range(n_producers)]
+    topo.processors = [f"processor_{PROCESSOR_KEY}_{i}" for i in range(proc.concurrency)]
+
+    producers = [
+        worker(StageSpec(id=pid, role="producer", index=i, source=config.producer.source,
+                         source_options=dict(config.producer.options),
+                         producer_count=n_producers, state_dir=rt.state_dir,
+                         dispatcher=config.producer.dispatcher,
+                         buffer_size=config.producer.buffer_size,
+                         partition_by=proc.partition_by, consumer_count=proc.concurrency,
+                         **base))
+        for i, pid in enumerate(topo.producers)]
+    processors = [
+        worker(StageSpec(id=cid, role="processor", index=i, upstream=tuple(topo.producers),
+                         producers=tuple(topo.producers), max_demand=proc.max_demand,
+                         min_demand=proc.min_demand, batchers=batcher_keys,
+                         partition_by=proc.partition_by, **base),
+               heartbeat=proc.heartbeat_timeout, memory=proc.memory_limit)
+        for i, cid in enumerate(topo.processors)]
+
+    batcher_sups = []
+    for key, b in config.batchers.items():
+        bid = f"batcher_{key}"
+        topo.batchers.append(bid)
+        bp_ids = [f"batch_processor_{key}_{i}" for i in range(b.concurrency)]
+        topo.batch_processors.extend(bp_ids)
+        batcher = worker(StageSpec(
+            id=bid, role="batcher", upstream=tuple(topo.processors), batcher=key,
+            batch_size=b.batch_size, batch_bytes=b.batch_bytes, batch_timeout=b.batch_timeout,
+            max_demand=b.upstream_demand, min_demand=b.upstream_demand // 2,
+            consumer_count=b.concurrency, partition_by=b.partition_by, **base),
+            heartbeat=b.heartbeat_timeout, memory=b.memory_limit)
+        bps = [worker(StageSpec(
+            id=bp, role="batch_processor", index=i, upstream=(bid,),
+            producers=tuple(topo.producers), batcher=key, max_demand=b.max_demand,
+            min_demand=max(0, b.max_demand - 1), partition_by=b.partition_by,
+            spark=spark_settings, **base),
+            heartbeat=b.heartbeat_timeout, memory=b.memory_limit, env_fn=batch_processor_env,
+            shutdown=max(10.0, p.shutdown_timeout))
+            for i, bp in enumerate(bp_ids)]
+        batcher_sups.append(SupervisorSpec(
+            id=f"BatcherSupervisor_{key}", strategy=Strategy.REST_FOR_ONE,
+            children=[batcher, SupervisorSpec(
+                id=f"BatchProcessorSupervisor_{key}", strategy=Strategy.ONE_FOR_ALL,
+                max_restarts=0, children=bps)]))
+
+    children: list = []
+    if spark_child is not None:
+        topo.spark = spark_child.id
+        topo.roles[spark_child.id] = "spark"
+        children.append(spark_child)
+    children.append(SupervisorSpec(
+        id="ProducerSupervisor", strategy=Strategy.ONE_FOR_ONE,
+        max_restarts=config.producer.max_restarts, max_seconds=config.producer.max_seconds,
+        children=producers))
+    children.append(SupervisorSpec(
+        id="ProcessorSupervisor", strategy=Strategy.ONE_FOR_ALL, max_restarts=0,
+        children=processors))
+    if batcher_sups:
+        children.append(SupervisorSpec(id="BatchersSupervisor", strategy=Strategy.ONE_FOR_ONE,
+                                       children=batcher_sups))
+    topo.root = SupervisorSpec(id="PipelineSupervisor", strategy=Strategy.REST_FOR_ONE,
+                               children=children, shutdown=INFINITY)
+    return topo

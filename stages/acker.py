@@ -1,0 +1,49 @@
+"""Acknowledging finished messages to the producers that emitted them.
+
+Whichever stage finishes a message (a processor when there are no batchers, else a batch
+processor) acks it straight to its origin producer: one ACK frame per producer per call,
+carrying the ok tokens and the failed ``[token, reason]`` pairs.  Failed messages are shown
+to the handler's ``handle_failed`` first, as Broadway does.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+import zmq
+
+from offbroadway import Message, Pipeline
+
+from . import callbacks, protocol
+
+log = logging.getLogger("offbroadway.acker")
+
+
+class Acker:
+    def __init__(self, producer_socks: Sequence[zmq.Socket], handler: Pipeline, context: Any,
+                 counters: dict[str, int]) -> None:
+        self.socks = list(producer_socks)
+        self.handler = handler
+        self.context = context
+        self.counters = counters
+
+    def finish(self, ok: Sequence[Message], failed: Sequence[Message]) -> None:
+        if failed:
+            failed = self._handle_failed(failed)
+        per_origin: dict[int, tuple[list, list]] = {}
+        for m in ok:
+            per_origin.setdefault(m.origin, ([], []))[0].append(m.token)
+        for m in failed:
+            per_origin.setdefault(m.origin, ([], []))[1].append([m.token, m.status or "failed"])
+        for origin, (tokens, fails) in per_origin.items():
+            if 0 <= origin < len(self.socks):
+                self.socks[origin].send(protocol.ack(tokens, fails), zmq.NOBLOCK)
+            else:
+                log.error("ack for unknown producer %r dropped (%d messages)", origin,
+                          len(tokens) + len(fails))
+        self.counters["acked"] += len(ok)
+        self.counters["failed"] += len(failed)
+
+    def _handle_failed(self, failed: Sequence[Message]) -> list[Message]:
+        return callbacks.handle_failed(self.handler, failed, self.context)

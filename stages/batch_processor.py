@@ -1,0 +1,90 @@
+"""The batch processor stage: ``handle_batch``, the Spark write, then the acks.
+
+It asks its batcher for one batch at a time plus one in reserve.  A message is acked only
+after its batch is written (or, with no Spark sink, after ``handle_batch`` returned it):
+that is the point where "nothing lost" is decided.  A message that ``handle_batch``
+leaves out of its result is failed ("not returned by handle_batch"), never dropped
+silently.  When the batcher cancels (the drain), the stage reports ``done`` to the daemon.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import zmq
+
+from offbroadway import BatchInfo
+from offbroadway.supervision import child
+
+from . import callbacks, protocol
+from .acker import Acker
+from .consumer import Subscriptions
+from .spec import StageSpec
+from .stage import Stage, load_handler
+
+log = logging.getLogger("offbroadway.batch_processor")
+
+
+class BatchProcessorStage(Stage):
+    def __init__(self, spec: StageSpec) -> None:
+        super().__init__(spec)
+        self.handler = load_handler(spec.handler)
+        self.context = spec.context
+        self.subs = Subscriptions(spec.max_demand, spec.min_demand)
+        self.sink = None
+        self.counters.update(batches=0)
+
+    def setup(self) -> None:
+        if self.spec.spark:
+            from .spark_sink import SparkSink  # pyspark stays out of every other stage
+
+            self.sink = SparkSink(**self.spec.spark, writer_id=self.id, on_wait=child.heartbeat)
+        socks = [self.dealer(p) for p in self.spec.producers]
+        for sock in socks:
+            self.register(sock, self._on_producer)
+        self.acker = Acker(socks, self.handler, self.context, self.counters)
+        sock = self.dealer(self.spec.upstream[0])
+        self.subs.add(self.spec.upstream[0], sock, self.spec.index if self.spec.partition_by else None)
+        self.register(sock, self._on_upstream)
+
+    def _on_producer(self, sock: zmq.Socket) -> None:
+        # Producers only ever cancel an unknown subscription here; nothing to do.
+        while True:
+            try:
+                sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+
+    def _on_upstream(self, sock: zmq.Socket) -> None:
+        up = self.subs.by_sock[sock]
+        for _ in range(10):
+            try:
+                frame = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            msg = self.decode(frame, up.stage_id)
+            if msg is None:
+                continue
+            if msg[0] == protocol.BATCH:
+                self._handle(msg[1], msg[2], msg[3])
+                self.subs.consumed(up, 1)
+            elif msg[0] == protocol.CANCEL:
+                self.subs.cancelled(up, msg[1])
+                if self.subs.all_done:
+                    self.report("done", {})
+
+    def _handle(self, batch_key: Any, trigger: str, events: list) -> None:
+        self.counters["in"] += len(events)
+        self.counters["batches"] += 1
+        messages = [protocol.event_to_message(e) for e in events]
+        batcher = self.spec.batcher
+        info = BatchInfo(batcher, batch_key, len(messages), trigger,
+                         self.spec.index if self.spec.partition_by else None)
+        rows = callbacks.handle_batch(self.handler, batcher, messages, info, self.context)
+        if self.sink is not None and rows:
+            self.sink.write(batcher, rows)   # marks the messages it could not write as failed
+        ok = [m for m in rows if m.status is None]
+        failed = [m for m in messages if m.status is not None]
+        self.counters["out"] += len(ok)
+        self.acker.finish(ok, failed)

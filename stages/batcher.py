@@ -1,0 +1,172 @@
+"""The batcher stage: groups one batcher key's messages into batches.
+
+A batch is emitted when it reaches ``batch_size`` (a count, or a byte budget of encoded
+data), when ``batch_timeout`` has passed since its first message, or at once when every
+processor has cancelled (the drain: partial batches are not left waiting for the timeout).
+Batches go to the batch processors on demand, one batch per frame; with ``partition_by``
+a batch holds one partition's messages and goes to that partition's batch processor.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from typing import Any
+
+import msgpack
+import zmq
+
+from . import protocol
+from .batching import BatchAccumulator
+from .consumer import Subscriptions
+from .dispatch import PartitionDispatcher, SpreadDispatcher
+from .spec import StageSpec
+from .stage import Stage, load_handler
+
+
+class BatcherStage(Stage):
+    def __init__(self, spec: StageSpec) -> None:
+        super().__init__(spec)
+        size_of = (lambda ev: len(msgpack.packb(ev[3]))) if spec.batch_bytes else None
+        self.acc = BatchAccumulator(spec.batch_size, spec.batch_timeout, size_of)
+        self.partition_of = None
+        n = spec.consumer_count
+        if spec.partition_by:
+            route = getattr(load_handler(spec.handler), spec.partition_by)
+
+            def partition_of(ev: list) -> int:
+                key = route(protocol.event_to_message(ev))
+                return key % n if isinstance(key, int) else zlib.crc32(repr(key).encode()) % n
+
+            self.partition_of = partition_of
+            self.dispatcher: Any = PartitionDispatcher(range(n), lambda b: b[3])
+        else:
+            self.dispatcher = SpreadDispatcher()
+        self.pending: list[tuple] = []     # batches waiting for batch-processor demand
+        self.subs = Subscriptions(spec.max_demand, spec.min_demand,
+                                  can_ask=lambda: len(self.pending) <= max(1, n))
+        self.finished = False
+        self._timer_at: float | None = None
+        self.counters.update(batches=0)
+
+    def setup(self) -> None:
+        self.sock = self.router()
+        self.register(self.sock, self._on_consumers)
+        for processor in self.spec.upstream:
+            sock = self.dealer(processor)
+            self.subs.add(processor, sock, self.spec.batcher)
+            self.register(sock, self._on_upstream)
+
+    def stats(self) -> dict[str, Any]:
+        s = super().stats()
+        s.update(buffered=len(self.acc), pending_batches=len(self.pending))
+        return s
+
+    # -- upstream ---------------------------------------------------------------------------
+    def _on_upstream(self, sock: zmq.Socket) -> None:
+        up = self.subs.by_sock[sock]
+        now = time.monotonic()
+        for _ in range(100):
+            try:
+                frame = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            msg = self.decode(frame, up.stage_id)
+            if msg is None:
+                continue
+            if msg[0] == protocol.EVENTS:
+                evs = msg[1]
+                self.counters["in"] += len(evs)
+                if self.partition_of is None:
+                    items = [(ev[6], ev) for ev in evs]
+                else:
+                    items = [((ev[6], self.partition_of(ev)), ev) for ev in evs]
+                self._emit(self.acc.add_many(items, now))
+                self.subs.consumed(up, len(evs))
+            elif msg[0] == protocol.CANCEL:
+                self.subs.cancelled(up, msg[1])
+        if self.subs.all_done and not self.finished:
+            self._emit(self.acc.flush())
+        self._arm_timer()
+        self._maybe_finish()
+
+    def _emit(self, batches: list) -> None:
+        for key, events, trigger in batches:
+            if self.partition_of is None:
+                self.pending.append((key, trigger, events, None))
+            else:
+                self.pending.append((key[0], trigger, events, key[1]))
+        if batches:
+            self._dispatch()
+
+    def _arm_timer(self) -> None:
+        deadline = self.acc.next_deadline()
+        if deadline is not None and (self._timer_at is None or deadline < self._timer_at):
+            self._timer_at = deadline
+            self.call_at(deadline, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer_at = None
+        self._emit(self.acc.expire(time.monotonic()))
+        self._arm_timer()
+
+    # -- downstream (batch processors) ------------------------------------------------------
+    def _on_consumers(self, sock: zmq.Socket) -> None:
+        for _ in range(1000):
+            try:
+                peer, frame = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            except ValueError:
+                self.counters["malformed"] += 1
+                continue
+            msg = self.decode(frame, peer.decode(errors="replace"))
+            if msg is None:
+                continue
+            if msg[0] == protocol.ASK:
+                try:
+                    self.dispatcher.ask(peer, msg[1])
+                except KeyError:
+                    self._send(peer, protocol.cancel("unknown subscription"))
+            elif msg[0] == protocol.SUBSCRIBE:
+                self.dispatcher.subscribe(peer, msg[1], msg[3])
+            elif msg[0] == protocol.CANCEL:
+                self.dispatcher.cancel(peer)
+        self._dispatch()
+        self._maybe_finish()
+
+    def _dispatch(self) -> None:
+        if not self.pending:
+            return
+        deliveries, leftovers = self.dispatcher.dispatch(self.pending)
+        for consumer, batches in deliveries:
+            for i, (key, trigger, events, _part) in enumerate(batches):
+                if self._send(consumer, protocol.batch(key, trigger, events)):
+                    self.counters["out"] += len(events)
+                    self.counters["batches"] += 1
+                else:
+                    self.dispatcher.cancel(consumer)
+                    leftovers = batches[i:] + leftovers
+                    break
+        self.pending = leftovers
+        if len(self.pending) <= max(1, self.spec.consumer_count):
+            self.subs.release()
+
+    def _send(self, peer: bytes, frame: bytes) -> bool:
+        try:
+            self.sock.send_multipart([peer, frame], zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:
+            return False
+
+    # -- shutdown cascade -------------------------------------------------------------------
+    def _maybe_finish(self) -> None:
+        if self.finished or not self.subs.all_done or self.pending or len(self.acc):
+            return
+        self.finished = True
+        for consumer in self.dispatcher.consumers():
+            self._send(consumer, protocol.cancel("shutdown"))
+
+    def cmd_flush(self) -> None:
+        """Operator drain: emit partial batches now instead of at their timeout."""
+        self._emit(self.acc.flush())

@@ -1,0 +1,96 @@
+"""Running the user's callbacks on a group of messages: the pure core of the stages.
+
+The processor and batch-processor stages call these on each frame, and
+:mod:`offbroadway.testing` calls the very same functions in-process, so what a user's unit
+test sees is what the pipeline does.  A callback that raises fails the messages concerned;
+nothing here ever raises because of user code.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+from offbroadway import BatchInfo, Message, Pipeline
+
+PROCESSOR_KEY = "default"
+
+
+def fail_all(messages: Iterable[Message], exc: BaseException, where: str) -> None:
+    reason = f"{where} raised {type(exc).__name__}: {exc}"
+    for m in messages:
+        m.status = reason
+
+
+def process(handler: Pipeline, messages: list[Message], context: Any,
+            batchers: frozenset[str] | set[str] = frozenset()
+            ) -> tuple[list[Message], list[Message]]:
+    """``prepare_messages`` then ``handle_message`` on each: (done, failed).
+
+    Messages that arrive already failed (a spool line that is not JSON) skip the callbacks.
+    With batchers, a message routed to an unknown batcher fails with a clear reason.
+    """
+    failed = [m for m in messages if m.status is not None]
+    ok = [m for m in messages if m.status is None] if failed else messages
+    if ok:
+        try:
+            ok = handler.prepare_messages(ok, context)
+        except Exception as exc:
+            fail_all(ok, exc, "prepare_messages")
+            failed.extend(ok)
+            ok = []
+    done: list[Message] = []
+    handle = handler.handle_message
+    for m in ok:
+        try:
+            r = handle(PROCESSOR_KEY, m, context)
+        except Exception as exc:
+            m.status = f"handle_message raised {type(exc).__name__}: {exc}"
+            failed.append(m)
+            continue
+        if r.__class__ is not Message and not isinstance(r, Message):
+            m.status = f"handle_message returned {type(r).__name__}, not a Message"
+            failed.append(m)
+        elif r.status is not None:
+            failed.append(r)
+        elif batchers and r.batcher not in batchers:
+            r.status = f"unknown batcher {r.batcher!r} (configured: {sorted(batchers)})"
+            failed.append(r)
+        else:
+            done.append(r)
+    return done, failed
+
+
+def handle_batch(handler: Pipeline, batcher: str, messages: list[Message], info: BatchInfo,
+                 context: Any) -> list[Message]:
+    """``handle_batch``: the messages to write (or, without Spark, the ones done).
+
+    Afterwards every input message is either in the result with no failure, or failed:
+    a message the callback leaves out is failed ("not returned by handle_batch") rather
+    than silently dropped or silently acked.
+    """
+    try:
+        result = handler.handle_batch(batcher, messages, info, context)
+        if not isinstance(result, list):
+            raise TypeError(f"handle_batch returned {type(result).__name__}, not a list")
+    except Exception as exc:
+        fail_all(messages, exc, "handle_batch")
+        return []
+    returned = {id(m) for m in result}
+    for m in messages:
+        if id(m) not in returned and m.status is None:
+            m.status = "not returned by handle_batch"
+    return [m for m in result if isinstance(m, Message) and m.status is None]
+
+
+def handle_failed(handler: Pipeline, failed: Sequence[Message], context: Any) -> list[Message]:
+    """Show failed messages to ``handle_failed``; all of them stay failed, whatever it returns
+    (a message it leaves out must not stay in flight forever)."""
+    try:
+        handler.handle_failed(list(failed), context)
+    except Exception as exc:
+        for m in failed:
+            m.status = f"{m.status}; handle_failed raised {type(exc).__name__}: {exc}"
+    for m in failed:
+        if m.status is None:
+            m.status = "failed"
+    return list(failed)

@@ -1,0 +1,185 @@
+"""The wire protocol: every message two stages (or a stage and the daemon) exchange.
+
+Nothing else in the project builds or parses frames.  A frame is one ZeroMQ message part
+holding a msgpack array ``[VERSION, KIND, *fields]``.  msgpack, never pickle: a peer must
+not be able to make another stage run code.  Decoding checks the version, the kind and
+the arity, and a frame over :data:`MAX_FRAME_BYTES` is refused before it is unpacked, so
+a malformed, unknown or oversized frame is a :class:`ProtocolError` that the receiving
+loop counts, logs and drops.
+
+Data plane (GenStage's messages):
+
+=============  ====================  ====================================================
+kind           direction             fields
+=============  ====================  ====================================================
+SUBSCRIBE      consumer → producer   max_demand, min_demand, partition (or None)
+ASK            consumer → producer   n (new demand, added to what is outstanding)
+EVENTS         producer → consumer   events: list of event arrays (many per frame)
+CANCEL         either way            reason (str); from a producer it also means "done"
+ACK            finisher → origin     ok tokens, failed [token, reason] pairs
+BATCH          batcher → batch proc  batch_key, trigger, events (one batch per frame)
+=============  ====================  ====================================================
+
+An *event* is ``[origin, token, id, data, metadata, batcher, batch_key, status]``: the
+producer index and in-flight token that address its acknowledgement, then the message.
+
+Control plane (stage ↔ daemon, over the daemon's hub socket):
+
+=============  ====================  ====================================================
+COMMAND        daemon → stage        name, args (dict)
+REPORT         stage → daemon        name, body (dict): ``stats``, ``idle``, ``done``…
+=============  ====================  ====================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import msgpack
+
+from offbroadway import Message
+
+VERSION = 1
+#: Frames larger than this are refused unread (64 MiB: a batch of 100k rows of ~600 B).
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+
+SUBSCRIBE = 1
+ASK = 2
+EVENTS = 3
+CANCEL = 4
+ACK = 5
+BATCH = 6
+COMMAND = 10
+REPORT = 11
+
+#: kind -> number of fields after [VERSION, KIND]
+_ARITY = {SUBSCRIBE: 3, ASK: 1, EVENTS: 1, CANCEL: 1, ACK: 2, BATCH: 3, COMMAND: 2, REPORT: 2}
+KIND_NAMES = {SUBSCRIBE: "subscribe", ASK: "ask", EVENTS: "events", CANCEL: "cancel",
+              ACK: "ack", BATCH: "batch", COMMAND: "command", REPORT: "report"}
+
+
+class ProtocolError(ValueError):
+    """A frame this protocol cannot accept; the receiver counts it and drops it."""
+
+
+_packer = msgpack.Packer(use_bin_type=True)
+_pack = _packer.pack
+
+
+def _frame(*parts: Any) -> bytes:
+    return _pack([VERSION, *parts])
+
+
+# -- encoders -------------------------------------------------------------------------------
+
+def subscribe(max_demand: int, min_demand: int, partition: Any = None) -> bytes:
+    return _frame(SUBSCRIBE, max_demand, min_demand, partition)
+
+
+def ask(n: int) -> bytes:
+    return _frame(ASK, n)
+
+
+def events(evs: Sequence[Sequence[Any]]) -> bytes:
+    """Encode already-built event arrays (see :func:`message_to_event`)."""
+    return _frame(EVENTS, evs)
+
+
+def batch(batch_key: Any, trigger: str, evs: Sequence[Sequence[Any]]) -> bytes:
+    return _frame(BATCH, batch_key, trigger, evs)
+
+
+def cancel(reason: str) -> bytes:
+    return _frame(CANCEL, reason)
+
+
+def ack(ok: Sequence[int], failed: Sequence[Sequence[Any]] = ()) -> bytes:
+    return _frame(ACK, ok, failed)
+
+
+def command(name: str, args: dict | None = None) -> bytes:
+    return _frame(COMMAND, name, args or {})
+
+
+def report(name: str, body: dict | None = None) -> bytes:
+    return _frame(REPORT, name, body or {})
+
+
+# -- decoder --------------------------------------------------------------------------------
+
+def decode(frame: bytes) -> list:
+    """``[KIND, *fields]`` of a well-formed frame, else :class:`ProtocolError`."""
+    if len(frame) > MAX_FRAME_BYTES:
+        raise ProtocolError(f"frame of {len(frame)} bytes over the {MAX_FRAME_BYTES} limit")
+    try:
+        msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several types for bad input
+        raise ProtocolError(f"undecodable frame: {type(exc).__name__}: {exc}") from None
+    if not isinstance(msg, list) or len(msg) < 2:
+        raise ProtocolError("frame is not an array [version, kind, ...]")
+    version, kind = msg[0], msg[1]
+    if version != VERSION:
+        raise ProtocolError(f"protocol version {version!r}, expected {VERSION}")
+    arity = _ARITY.get(kind) if isinstance(kind, int) else None
+    if arity is None:
+        raise ProtocolError(f"unknown message kind {kind!r}")
+    if len(msg) != arity + 2:
+        raise ProtocolError(f"{KIND_NAMES[kind]} with {len(msg) - 2} fields, expected {arity}")
+    del msg[0]
+    _check_fields(msg)
+    return msg
+
+
+def _check_fields(msg: list) -> None:
+    kind = msg[0]
+    if kind == ASK:
+        if not isinstance(msg[1], int) or msg[1] < 0:
+            raise ProtocolError(f"ask of {msg[1]!r}")
+    elif kind == SUBSCRIBE:
+        if not (isinstance(msg[1], int) and isinstance(msg[2], int) and 0 <= msg[2] <= msg[1]
+                and msg[1] > 0):
+            raise ProtocolError(f"subscribe with max/min demand {msg[1]!r}/{msg[2]!r}")
+    elif kind == EVENTS:
+        _check_events(msg[1])
+    elif kind == BATCH:
+        if not isinstance(msg[2], str):
+            raise ProtocolError("batch trigger is not a string")
+        _check_events(msg[3])
+    elif kind == ACK:
+        if not isinstance(msg[1], list) or not isinstance(msg[2], list):
+            raise ProtocolError("ack fields are not lists")
+    elif kind in (COMMAND, REPORT):
+        if not isinstance(msg[1], str) or not isinstance(msg[2], dict):
+            raise ProtocolError("command/report needs a name and a map")
+    elif kind == CANCEL and not isinstance(msg[1], str):
+        raise ProtocolError("cancel reason is not a string")
+
+
+def _check_events(evs: Any) -> None:
+    if not isinstance(evs, list) or not all(
+            isinstance(e, list) and len(e) == EVENT_FIELDS for e in evs):
+        raise ProtocolError("events field is not a list of event arrays")
+
+
+# -- events <-> messages --------------------------------------------------------------------
+
+EVENT_FIELDS = 8
+
+
+def message_to_event(m: Message) -> list:
+    return [m.origin, m.token, m.id, m.data, m.metadata, m.batcher, m.batch_key, m.status]
+
+
+def event_to_message(e: Sequence[Any]) -> Message:
+    m = Message(e[2], e[3], e[4], batcher=e[5], batch_key=e[6], origin=e[0], token=e[1])
+    m.status = e[7]
+    return m
+
+
+def packable(value: Any) -> bool:
+    """Whether ``value`` can cross the wire (the msgpack types, nothing else)."""
+    try:
+        _pack(value)
+    except Exception:
+        return False
+    return True

@@ -1,0 +1,196 @@
+"""The loop every stage process runs: sockets, timers, heartbeats, reports, signals.
+
+A stage is a single-threaded ``zmq.Poller`` loop.  Role modules (producer, processor,
+batcher, batch processor) register their sockets and timers here and implement the frame
+handlers; this module owns what they share: the hub connection to the daemon, the
+supervisor heartbeat, periodic stats, counting and dropping malformed frames, loading the
+user's handler, and a clean exit on SIGTERM.
+
+Signals: SIGINT is ignored (a terminal's Ctrl-C reaches the whole foreground process group,
+and shutdown is the daemon's to drive); SIGTERM from the supervisor ends the loop.
+"""
+
+from __future__ import annotations
+
+import heapq
+import importlib
+import logging
+import os
+import signal
+import time
+from typing import Any, Callable
+
+import zmq
+
+from offbroadway import Pipeline
+from offbroadway.supervision import child
+
+from . import protocol
+from .spec import HUB, StageSpec, endpoint
+
+log = logging.getLogger("offbroadway.stage")
+
+Handler = Callable[[bytes, list], None]
+
+
+class StageExit(Exception):
+    """Raised inside the loop to end it cleanly (exit code 0)."""
+
+
+class Stage:
+    #: How often the loop beats and reports even when idle.
+    TICK = 1.0
+
+    def __init__(self, spec: StageSpec) -> None:
+        self.spec = spec
+        self.id = spec.id
+        self.ctx = zmq.Context.instance()
+        self.poller = zmq.Poller()
+        self._handlers: dict[zmq.Socket, Callable[[zmq.Socket], None]] = {}
+        self._fd_handlers: dict[int, Callable[[], None]] = {}
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._timer_seq = 0
+        self.running = True
+        self.counters: dict[str, int] = {"in": 0, "out": 0, "failed": 0, "acked": 0,
+                                         "malformed": 0}
+        self.hub = self.ctx.socket(zmq.DEALER)
+        self.hub.setsockopt(zmq.IDENTITY, self.id.encode())
+        self.hub.setsockopt(zmq.LINGER, 1000)
+        self.hub.connect(endpoint(spec.runtime_dir, HUB))
+        self.register(self.hub, self._on_hub)
+
+    # -- wiring -----------------------------------------------------------------------------
+    def register(self, sock: zmq.Socket, on_readable: Callable[[zmq.Socket], None]) -> None:
+        self.poller.register(sock, zmq.POLLIN)
+        self._handlers[sock] = on_readable
+
+    def register_fd(self, fd: int, on_readable: Callable[[], None]) -> None:
+        self.poller.register(fd, zmq.POLLIN)
+        self._fd_handlers[fd] = on_readable
+
+    def call_at(self, when: float, fn: Callable[[], None]) -> None:
+        self._timer_seq += 1
+        heapq.heappush(self._timers, (when, self._timer_seq, fn))
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> None:
+        self.call_at(time.monotonic() + delay, fn)
+
+    def router(self) -> zmq.Socket:
+        """Bind this stage's ROUTER, for the consumers that subscribe to it.
+
+        ROUTER_MANDATORY turns a send to a vanished peer into an error instead of a silent
+        drop (ARCHITECTURE §11); ROUTER_HANDOVER lets a restarted consumer, which keeps
+        its routing id, take over its old connection.
+        """
+        sock = self.ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        sock.setsockopt(zmq.SNDHWM, 0)   # demand already bounds what is sent
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.LINGER, 0)
+        path = self.spec.socket_path()
+        if os.path.exists(path[len("ipc://"):]):
+            os.unlink(path[len("ipc://"):])   # a previous incarnation's leftover
+        sock.bind(path)
+        return sock
+
+    def dealer(self, stage_id: str) -> zmq.Socket:
+        """Connect to an upstream stage's ROUTER under this stage's routing id."""
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, self.id.encode())
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint(self.spec.runtime_dir, stage_id))
+        return sock
+
+    # -- frames -----------------------------------------------------------------------------
+    def decode(self, frame: bytes, peer: str) -> list | None:
+        """Decode or count-and-drop: a bad frame never crashes a stage."""
+        try:
+            return protocol.decode(frame)
+        except protocol.ProtocolError as exc:
+            self.counters["malformed"] += 1
+            n = self.counters["malformed"]
+            if n <= 10 or n % 1000 == 0:
+                log.warning("%s: dropped malformed frame #%d from %s: %s", self.id, n, peer, exc)
+            return None
+
+    def report(self, name: str, body: dict | None = None) -> None:
+        self.hub.send(protocol.report(name, body), zmq.NOBLOCK)
+
+    def _on_hub(self, sock: zmq.Socket) -> None:
+        while True:
+            try:
+                frame = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            msg = self.decode(frame, "hub")
+            if msg is None or msg[0] != protocol.COMMAND:
+                continue
+            name, args = msg[1], msg[2]
+            method = getattr(self, "cmd_" + name, None)
+            if method is None:
+                log.warning("%s: unknown command %r", self.id, name)
+                continue
+            method(**args)
+
+    def cmd_stop(self) -> None:
+        self.running = False
+
+    # -- the loop ---------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        return dict(self.counters)
+
+    def _tick(self) -> None:
+        child.heartbeat()
+        try:
+            self.report("stats", self.stats())
+        except zmq.Again:
+            pass
+        self.call_later(self.TICK, self._tick)
+
+    def setup(self) -> None:
+        """Role-specific start: bind, subscribe, open the source.  Ready after this."""
+
+    def teardown(self) -> None:
+        """Role-specific cleanup on exit."""
+
+    def run(self) -> int:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "running", False))
+        self.setup()
+        self.report("hello", {"pid": os.getpid()})
+        child.notify_ready()
+        self._tick()
+        handlers, fd_handlers, timers = self._handlers, self._fd_handlers, self._timers
+        try:
+            while self.running:
+                timeout = 200.0
+                if timers:
+                    timeout = max(0.0, min(timeout, (timers[0][0] - time.monotonic()) * 1000))
+                for sock, _ in self.poller.poll(timeout):
+                    fn = handlers.get(sock) if not isinstance(sock, int) else None
+                    if fn is not None:
+                        fn(sock)
+                    else:
+                        fd_handlers[sock]()
+                now = time.monotonic()
+                while timers and timers[0][0] <= now:
+                    heapq.heappop(timers)[2]()
+        except StageExit:
+            pass
+        finally:
+            self.teardown()
+        return 0
+
+
+def load_handler(ref: str) -> Pipeline:
+    """Import ``package.module:Class`` and instantiate it (once per stage process)."""
+    module_name, _, attr = ref.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"handler {ref!r} is not 'package.module:ClassName'")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj() if isinstance(obj, type) else obj

@@ -1,0 +1,60 @@
+"""Shared test helpers: polling with a deadline (never a bare sleep standing in for a
+condition) and running the real daemon as a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, TypeVar
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
+
+
+def wait_until(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.02,
+               message: str = "condition") -> T:
+    """Poll ``predicate`` until it returns something truthy; fail the test at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+def offbroadway_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "offbroadway.daemon.cli", *args]
+
+
+def test_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+test_env.__test__ = False  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def short_tmp():
+    """A short directory for runtime dirs: unix socket paths are limited to 107 bytes."""
+    import tempfile
+    import shutil
+
+    d = tempfile.mkdtemp(prefix="ob-", dir="/tmp")
+    os.chmod(d, 0o700)
+    yield Path(d)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def start_daemon(config: Path, *extra: str, cwd: Path | None = None) -> subprocess.Popen:
+    return subprocess.Popen(offbroadway_cmd("run", str(config), *extra), cwd=cwd or REPO,
+                            env=test_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)

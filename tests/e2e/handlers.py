@@ -1,0 +1,67 @@
+"""Handlers for the end-to-end tests: they record what reached each callback in files
+(fsync'd before returning, so a record exists iff the callback completed)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from offbroadway import Message, Pipeline
+
+
+def _append(path: str, records: list[dict]) -> None:
+    with open(path, "a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in records))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class Recorder(Pipeline):
+    """Routes each message by ``data["route"]`` (default the first batcher in context) and
+    ``data["key"]``, fails messages with ``data["fail"]``, raises on ``data["raise"]``."""
+
+    def handle_message(self, processor: str, message: Message, context) -> Message:
+        data = message.data
+        if isinstance(data, dict):
+            if data.get("raise"):
+                raise RuntimeError("boom on purpose")
+            if data.get("fail"):
+                return message.failed("failed on purpose")
+            if context.get("slow"):
+                import time
+                time.sleep(context["slow"])
+            message.put_batcher(data.get("route", context.get("batcher", "default")))
+            message.put_batch_key(data.get("key", "default"))
+        return message
+
+    def handle_batch(self, batcher: str, messages: list[Message], batch_info, context):
+        _append(os.path.join(context["out"], f"batch-{os.getpid()}.jsonl"), [{
+            "id": m.id, "batcher": batcher, "batch_key": batch_info.batch_key,
+            "size": batch_info.size, "trigger": batch_info.trigger, "msg_batcher": m.batcher,
+            "msg_key": m.batch_key} for m in messages])
+        return messages
+
+    def handle_failed(self, messages: list[Message], context):
+        _append(os.path.join(context["out"], f"failed-{os.getpid()}.jsonl"),
+                [{"id": m.id, "reason": m.status} for m in messages])
+        return messages
+
+
+class NoBatch(Recorder):
+    """For pipelines without batchers: record in handle_message itself."""
+
+    def handle_message(self, processor: str, message: Message, context) -> Message:
+        message = super().handle_message(processor, message, context)
+        if message.status is None:
+            _append(os.path.join(context["out"], f"handled-{os.getpid()}.jsonl"),
+                    [{"id": message.id}])
+        return message
+
+
+def read_records(out_dir: str, prefix: str) -> list[dict]:
+    records = []
+    for name in sorted(os.listdir(out_dir)):
+        if name.startswith(prefix):
+            with open(os.path.join(out_dir, name)) as f:
+                records.extend(json.loads(line) for line in f if line.strip())
+    return records

@@ -1,0 +1,252 @@
+"""The pipeline end to end, with real processes and sockets: spool → processors →
+batchers → batch processors, acks back to the spool, drain and crashes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import REPO, offbroadway_cmd, start_daemon, test_env, wait_until
+from tests.e2e.handlers import read_records
+
+
+def write_spool(spool: Path, n: int, files: int = 2, extra: dict | None = None,
+                bad_lines: tuple[int, ...] = ()) -> list[str]:
+    """n JSON lines over ``files`` files; returns the message ids the spool will give."""
+    spool.mkdir(parents=True, exist_ok=True)
+    per = (n + files - 1) // files
+    seq = 0
+    for f in range(files):
+        lines = []
+        for _ in range(per):
+            if seq >= n:
+                break
+            if seq in bad_lines:
+                lines.append("{not json")
+            else:
+                lines.append(json.dumps({"seq": seq, "route": "even" if seq % 2 == 0 else "odd",
+                                         "key": seq % 3, **(extra or {})}))
+            seq += 1
+        (spool / f"part-{f:03d}.jsonl").write_text("\n".join(lines) + "\n")
+    return []
+
+
+def make_config(tmp: Path, *, batchers: dict | None = None, handler: str = "tests.e2e.handlers:Recorder",
+                processors: int = 2, producers: int = 1, context: dict | None = None,
+                shutdown_timeout: float = 20.0, spool: Path | None = None, max_demand: int = 10,
+                source: str = "spool", options: dict | None = None) -> Path:
+    out = tmp / "out"
+    out.mkdir(exist_ok=True)
+    ctx = {"out": str(out), **(context or {})}
+    ctx_toml = ", ".join(f"{k} = {json.dumps(v)}" for k, v in ctx.items())
+    if options is None:
+        options = {"path": str(spool or tmp / "spool")}
+    opts = "\n".join(f"{k} = {json.dumps(v)}" for k, v in options.items())
+    text = f"""
+[pipeline]
+name = "e2e"
+handler = "{handler}"
+shutdown_timeout = {shutdown_timeout}
+context = {{ {ctx_toml} }}
+
+[producer]
+source = "{source}"
+concurrency = {producers}
+
+[producer.options]
+{opts}
+
+[processors.default]
+concurrency = {processors}
+max_demand = {max_demand}
+min_demand = {max_demand // 2}
+
+[metrics]
+listen = ""
+
+[runtime]
+dir = "{tmp / 'run'}"
+state_dir = "{tmp / 'state'}"
+"""
+    for key, b in (batchers or {}).items():
+        text += f"\n[batchers.{key}]\n" + "\n".join(f"{k} = {json.dumps(v)}" for k, v in b.items()) + "\n"
+    path = tmp / "pipeline.toml"
+    path.write_text(text)
+    return path
+
+
+def run_until_idle(config: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    proc = subprocess.run(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
+                          env=test_env(), capture_output=True, text=True, timeout=timeout)
+    return proc
+
+
+def spool_ids(n: int, files: int = 2) -> set[str]:
+    return set()
+
+
+def handled_seqs(out: Path, prefix: str = "batch-") -> Counter:
+    return Counter(r["id"] for r in read_records(str(out), prefix))
+
+
+def test_every_line_handled_exactly_once_with_two_batchers(short_tmp: Path) -> None:
+    n = 3000
+    write_spool(short_tmp / "spool", n, files=3)
+    config = make_config(short_tmp, batchers={
+        "even": {"batch_size": 50, "batch_timeout": 0.5, "concurrency": 2},
+        "odd": {"batch_size": 70, "batch_timeout": 0.5, "concurrency": 1}})
+    proc = run_until_idle(config)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = read_records(str(short_tmp / "out"), "batch-")
+    counts = Counter(r["id"] for r in records)
+    assert len(counts) == n, f"{n - len(counts)} lines never reached handle_batch"
+    assert max(counts.values()) == 1, "a line was handled twice with nothing failing"
+    for r in records:
+        assert r["batcher"] == r["msg_batcher"]
+        assert r["batch_key"] == r["msg_key"]
+        limit = 50 if r["batcher"] == "even" else 70
+        assert r["size"] <= limit
+    # every message went to the batcher its data named
+    by_batcher = Counter(r["batcher"] for r in records)
+    assert by_batcher == {"even": n // 2, "odd": n // 2}
+    # the spool is fully settled: files moved aside
+    assert not list((short_tmp / "spool").glob("*.jsonl"))
+
+
+def test_batch_timeout_emits_partial_batches(short_tmp: Path) -> None:
+    write_spool(short_tmp / "spool", 7, files=1)
+    config = make_config(short_tmp, batchers={
+        "even": {"batch_size": 1000, "batch_timeout": 0.3},
+        "odd": {"batch_size": 1000, "batch_timeout": 0.3}})
+    daemon = start_daemon(config)
+    try:
+        out = short_tmp / "out"
+        recs = wait_until(lambda: len(read_records(str(out), "batch-")) == 7 and
+                          read_records(str(out), "batch-"), timeout=30,
+                          message="the partial batches to time out")
+        assert {r["trigger"] for r in recs} == {"timeout"}
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(30) == 0
+
+
+def test_bad_json_and_raising_handler_reach_handle_failed(short_tmp: Path) -> None:
+    spool = short_tmp / "spool"
+    spool.mkdir()
+    lines = [json.dumps({"seq": 0}), "{nope", json.dumps({"seq": 2, "raise": True}),
+             json.dumps({"seq": 3, "fail": True}), json.dumps({"seq": 4})]
+    (spool / "a.jsonl").write_text("\n".join(lines) + "\n")
+    config = make_config(short_tmp, batchers={"default": {"batch_size": 10, "batch_timeout": 0.2}})
+    proc = run_until_idle(config)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    failed = read_records(str(short_tmp / "out"), "failed-")
+    reasons = {r["id"]: r["reason"] for r in failed}
+    assert len(reasons) == 3, reasons
+    assert any("JSON" in r or "json" in r for r in reasons.values())
+    assert any("boom on purpose" in r for r in reasons.values())
+    assert any("failed on purpose" in r for r in reasons.values())
+    assert len(read_records(str(short_tmp / "out"), "batch-")) == 2
+
+
+def test_bad_config_names_the_key_and_exits_2(short_tmp: Path) -> None:
+    config = make_config(short_tmp)
+    config.write_text(config.read_text().replace("max_demand = 10", 'max_demand = "ten"'))
+    proc = subprocess.run(offbroadway_cmd("check", str(config)), cwd=REPO, env=test_env(),
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "processors.default.max_demand" in proc.stderr
+    proc = subprocess.run(offbroadway_cmd("run", str(config)), cwd=REPO, env=test_env(),
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    assert "processors.default.max_demand" in proc.stderr
+
+
+def _stage_pids(daemon: subprocess.Popen) -> dict[str, int]:
+    """Map stage id → pid from the children's environment-free cmdline is not enough, so
+    ask the daemon itself."""
+    out = subprocess.run(offbroadway_cmd("status", "--json", "--socket",
+                                         _socket_of(daemon)), cwd=REPO, env=test_env(),
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    pids: dict[str, int] = {}
+
+    def walk(node: dict) -> None:
+        if node["kind"] == "worker" and node["pid"]:
+            pids[node["id"]] = node["pid"]
+        for c in node["children"]:
+            walk(c)
+
+    walk(json.loads(out.stdout)["tree"])
+    return pids
+
+
+_sockets: dict[int, str] = {}
+
+
+def _socket_of(daemon: subprocess.Popen) -> str:
+    return _sockets[daemon.pid]
+
+
+def test_sigterm_drains_everything_fetched_and_fetches_nothing_more(short_tmp: Path) -> None:
+    n = 4000
+    write_spool(short_tmp / "spool", n, files=2)
+    config = make_config(short_tmp, context={"slow": 0.002}, batchers={
+        "even": {"batch_size": 100, "batch_timeout": 30.0},
+        "odd": {"batch_size": 100, "batch_timeout": 30.0}})
+    daemon = start_daemon(config)
+    out = short_tmp / "out"
+    wait_until(lambda: len(read_records(str(out), "batch-")) >= 500, timeout=60,
+               message="the pipeline to get going")
+    daemon.send_signal(signal.SIGTERM)
+    code = daemon.wait(30)
+    assert code == 0, daemon.stderr.read()[-3000:]
+    first = handled_seqs(out)
+    assert 0 < len(first) < n
+    # partial batches were flushed at once, not after their 30 s timeout
+    assert any(r["trigger"] == "flush" for r in read_records(str(out), "batch-"))
+    # everything fetched before the signal was acked: a second run handles exactly the rest
+    for f in out.glob("batch-*"):
+        f.rename(f.with_name("run1-" + f.name))
+    proc = run_until_idle(config)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    second = handled_seqs(out)
+    assert not (set(first) & set(second)), "lines handled before the drain were fetched again"
+    assert len(set(first) | set(second)) == n
+
+
+@pytest.mark.parametrize("victim", ["processor_default_0", "batcher_even",
+                                    "batch_processor_even_0", "producer_0"])
+def test_sigkill_of_any_stage_loses_nothing(short_tmp: Path, victim: str) -> None:
+    n = 10_000
+    write_spool(short_tmp / "spool", n, files=4)
+    config = make_config(short_tmp, producers=2, context={"slow": 0.0002}, batchers={
+        "even": {"batch_size": 100, "batch_timeout": 0.5, "concurrency": 2},
+        "odd": {"batch_size": 100, "batch_timeout": 0.5}})
+    _sockets_dir = short_tmp / "run" / "control.sock"
+    daemon = start_daemon(config, "--until-idle")
+    _sockets[daemon.pid] = str(_sockets_dir)
+    out = short_tmp / "out"
+    try:
+        wait_until(lambda: _sockets_dir.exists(), timeout=30, message="control socket")
+        wait_until(lambda: len(read_records(str(out), "batch-")) >= 1000, timeout=60,
+                   message="messages to flow")
+        pids = _stage_pids(daemon)
+        os.kill(pids[victim], signal.SIGKILL)
+        code = daemon.wait(120)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+    err = daemon.stderr.read()
+    assert code == 0, err[-3000:]
+    counts = handled_seqs(out)
+    assert len(counts) == n, f"{n - len(counts)} lines lost after killing {victim}"
+    dups = sum(c - 1 for c in counts.values())
+    print(f"killed {victim}: {dups} duplicates of {n}")
+    assert not list((short_tmp / "spool").glob("*.jsonl")), "spool not fully acked"
