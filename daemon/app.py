@@ -32,6 +32,7 @@ from offbroadway.supervision import Supervisor
 
 from . import topology as topo_mod
 from . import control
+from . import metrics
 from .hub import Hub
 from .notify import Notifier
 
@@ -69,12 +70,20 @@ class Daemon:
         self._idle_event = asyncio.Event()
         self._progress = asyncio.Event()
         self.exit_reason: str | None = None
+        self._housekeeping_task: asyncio.Future | None = None
         self.started_at = time.time()
 
     # -- wiring -----------------------------------------------------------------------------
     def _build(self) -> None:
         rt = self.config.runtime
-        self.topology = topo_mod.build(self.config, stage_env=self._stage_env)
+        kwargs: dict[str, Any] = {}
+        if self.config.spark is not None:
+            from .spark import plan   # the Spark wiring; pyspark itself stays in the stages
+
+            spark = plan(self.config.spark, runtime_dir=rt.dir, state_dir=rt.state_dir)
+            kwargs.update(spark_child=spark.child, batch_processor_env=spark.batch_processor_env,
+                          spark_settings=spark.settings)
+        self.topology = topo_mod.build(self.config, stage_env=self._stage_env, **kwargs)
 
     def _stage_env(self, stage_id: str) -> dict[str, str]:
         return {"OFFBROADWAY_LOG_LEVEL": self.config.runtime.log_level}
@@ -103,6 +112,8 @@ class Daemon:
         kind = type(event).__name__
         child_id = getattr(event, "child_id", None) or getattr(event, "id", None)
         role = self.topology.roles.get(child_id or "")
+        if kind == "ChildExited" and self.metrics_server is not None:
+            metrics.process_dead(event.pid, self.metrics_dir)
         if kind == "ChildExited" and role in ("processor", "batcher", "batch_processor", "spark"):
             self.idle.clear()
             for p in self.topology.producers:
@@ -124,9 +135,18 @@ class Daemon:
         prepare_private_dir(rt.dir)
         os.makedirs(rt.state_dir, mode=0o700, exist_ok=True)
         self._build()
+        self.metrics_server = None
+        if self.config.metrics.listen:
+            self.metrics_dir = os.path.join(rt.dir, "metrics")
+            metrics.prepare_dir(self.metrics_dir)   # before any stage starts
         self.hub = Hub(rt.dir, self.on_report)
         self.hub.start()
         self.root = Supervisor(self.topology.root, on_event=self.on_event)
+        self._tree: dict = self.root.snapshot()
+        if self.config.metrics.listen:
+            # the HTTP thread reads a copy refreshed on the loop, never the live tree
+            self.metrics_server = metrics.serve(self.config.metrics.listen, self.metrics_dir,
+                                                self.config.pipeline.name, lambda: self._tree)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop, sig.name)
@@ -142,6 +162,7 @@ class Daemon:
                 return 1
             log.info("pipeline %s is up: %d stages", name, len(self.topology.stages))
             self.notifier.ready(f"pipeline {name} running")
+            self._housekeeping_task = asyncio.ensure_future(self._housekeeping())
             waits = {asyncio.ensure_future(self._stop.wait()): "stop",
                      asyncio.ensure_future(self.root.wait_failed()): "failed"}
             if self.until_idle:
@@ -162,9 +183,21 @@ class Daemon:
         finally:
             self.notifier.stopping()
             await self.root.stop()
+            if self._housekeeping_task is not None:
+                self._housekeeping_task.cancel()
+            if self.metrics_server is not None:
+                self.metrics_server.shutdown()
             self.control.close()
             self.hub.close()
             log.info("pipeline %s stopped", name)
+
+    async def _housekeeping(self) -> None:
+        """Once a second: systemd's watchdog ping and the tree copy /metrics reads."""
+        interval = min(1.0, self.notifier.watchdog_interval() or 1.0)
+        while True:
+            self._tree = self.root.snapshot()
+            self.notifier.watchdog()
+            await asyncio.sleep(interval)
 
     def request_stop(self, why: str = "stop") -> None:
         if not self._stop.is_set():

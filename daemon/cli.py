@@ -26,11 +26,14 @@ def _setup_logging(level: str = "info", fmt: str = "text") -> None:
                             format="%(asctime)s %(levelname)s [daemon] %(name)s: %(message)s")
 
 
-def _load(path: str):
-    from .config import ConfigError, load_config
+def _load(path: str, *, handler: bool = False):
+    """The validated config, or exit 2 naming the key at fault (the contract of ``check``)."""
+    from .config import ConfigError, check_handler, load_config
 
     try:
         loaded = load_config(path)
+        if handler:
+            check_handler(loaded.config)
     except ConfigError as exc:
         print(f"offbroadway: invalid config {path}: {exc}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
@@ -43,13 +46,13 @@ def _load(path: str):
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    config = _load(args.config)
+    config = _load(args.config, handler=True)
     print(f"{args.config}: ok (pipeline {config.pipeline.name})")
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    config = _load(args.config)
+    config = _load(args.config, handler=True)
     _setup_logging(config.runtime.log_level, config.runtime.log_format)
     from .app import Daemon, RuntimeDirError
 
@@ -135,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The handler is imported from the daemon's working directory, as `python -m` would
+    # (stage processes run with `-m`, which puts the cwd first on sys.path).
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     args = build_parser().parse_args(argv)
     return args.fn(args)
 

@@ -10,6 +10,7 @@ silently.  When the batcher cancels (the drain), the stage reports ``done`` to t
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import zmq
@@ -81,9 +82,14 @@ class BatchProcessorStage(Stage):
         batcher = self.spec.batcher
         info = BatchInfo(batcher, batch_key, len(messages), trigger,
                          self.spec.index if self.spec.partition_by else None)
+        started = time.perf_counter()
         rows = callbacks.handle_batch(self.handler, batcher, messages, info, self.context)
+        wrote = time.perf_counter()
         if self.sink is not None and rows:
             self.sink.write(batcher, rows)   # marks the messages it could not write as failed
+            self.metrics.observe("spark_write", time.perf_counter() - wrote, batcher)
+        self.metrics.observe("handle_batch", wrote - started, batcher)
+        self.metrics.observe("batch_size", len(messages), batcher)
         ok = [m for m in rows if m.status is None]
         failed = [m for m in messages if m.status is not None]
         self.counters["out"] += len(ok)

@@ -10,6 +10,7 @@ concerned; the stage keeps running.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import zmq
@@ -73,9 +74,13 @@ class ProcessorStage(Stage):
         self._maybe_finish()
 
     def _handle(self, events: list) -> None:
+        if not events:
+            return
         self.counters["in"] += len(events)
         messages = [protocol.event_to_message(e) for e in events]
+        started = time.perf_counter()
         done, failed = callbacks.process(self.handler, messages, self.context, self.batchers)
+        self.metrics.observe("handle_message", (time.perf_counter() - started) / len(events))
         if self.batchers:
             if failed:
                 self.acker.finish((), failed)

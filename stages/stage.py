@@ -26,6 +26,7 @@ from offbroadway import Pipeline
 from offbroadway.supervision import child
 
 from . import protocol
+from .metrics import StageMetrics
 from .spec import HUB, StageSpec, endpoint
 
 log = logging.getLogger("offbroadway.stage")
@@ -53,6 +54,7 @@ class Stage:
         self.running = True
         self.counters: dict[str, int] = {"in": 0, "out": 0, "failed": 0, "acked": 0,
                                          "malformed": 0}
+        self.metrics = StageMetrics(spec.pipeline, spec.id, spec.role)
         self.hub = self.ctx.socket(zmq.DEALER)
         self.hub.setsockopt(zmq.IDENTITY, self.id.encode())
         self.hub.setsockopt(zmq.LINGER, 1000)
@@ -144,8 +146,10 @@ class Stage:
 
     def _tick(self) -> None:
         child.heartbeat()
+        stats = self.stats()
+        self.metrics.flush(self.counters, stats)
         try:
-            self.report("stats", self.stats())
+            self.report("stats", stats)
         except zmq.Again:
             pass
         self.call_later(self.TICK, self._tick)

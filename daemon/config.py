@@ -1,0 +1,437 @@
+"""The pipeline config: TOML in, a validated, typed :class:`Config` out.
+
+Validation is a pure function of the parsed TOML (no processes, no imports of user code
+except by :func:`check_handler`), so ``offbroadway check`` and ``offbroadway run`` agree and
+tests need nothing but a dict.  Every error names the dotted key it is about (unknown keys
+too: a typo such as ``batch_sise`` must not silently fall back to a default), and the CLI
+exits 2 on them.  Warnings are consequences the user may accept (a pitfall such as a
+prefetch too small for the processors) and are printed, never fatal.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+PROCESSOR_KEY = "default"
+#: Unix socket paths are limited to 107 bytes (sun_path); the longest stage socket name
+#: we build is about 40 characters, so the runtime dir must leave room for it.
+MAX_SOCKET_PATH = 107
+LONGEST_SOCKET_NAME = 48
+SOURCES = ("generator", "spool", "rabbitmq", "redis")
+DISPATCHERS = ("spread", "demand")
+SPARK_FORMATS = ("parquet", "json", "orc")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+#: Writes one Spark driver sustains per second on this class of machine (issue 4: ~10-13).
+SPARK_WRITES_PER_SECOND = 10.0
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message starts with the dotted key at fault."""
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    name: str
+    handler: str
+    context: dict = field(default_factory=dict)
+    shutdown_timeout: float = 30.0
+
+
+@dataclass(frozen=True)
+class ProducerConfig:
+    source: str
+    concurrency: int = 1
+    options: dict = field(default_factory=dict)
+    dispatcher: str = "spread"
+    buffer_size: int = 10_000
+    max_restarts: int = 3
+    max_seconds: float = 5.0
+
+
+@dataclass(frozen=True)
+class ProcessorConfig:
+    concurrency: int = 2
+    max_demand: int = 10
+    min_demand: int = 5
+    partition_by: str | None = None
+    heartbeat_timeout: float | None = 30.0
+    memory_limit: int | None = None
+
+
+@dataclass(frozen=True)
+class BatcherConfig:
+    batch_size: int = 100
+    batch_bytes: bool = False
+    batch_timeout: float = 1.0
+    concurrency: int = 1
+    #: batches a batch processor asks for at once (one in hand, one in reserve)
+    max_demand: int = 2
+    #: events the batcher asks from each processor
+    upstream_demand: int = 1000
+    partition_by: str | None = None
+    heartbeat_timeout: float | None = None
+    memory_limit: int | None = None
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    listen: str = "127.0.0.1:9464"
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    dir: str
+    state_dir: str
+    log_level: str = "info"
+    log_format: str = "text"
+
+
+@dataclass(frozen=True)
+class Config:
+    pipeline: PipelineConfig
+    producer: ProducerConfig
+    processors: dict[str, ProcessorConfig]
+    batchers: dict[str, BatcherConfig]
+    spark: dict | None
+    metrics: MetricsConfig
+    runtime: RuntimeConfig
+    path: str = ""
+
+
+@dataclass(frozen=True)
+class Loaded:
+    config: Config
+    warnings: list[str]
+
+
+# -- reading one table ------------------------------------------------------------------------
+
+class _Table:
+    """One TOML table being read: typed lookups that name the key, and unknown-key checks."""
+
+    def __init__(self, raw: Any, where: str) -> None:
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{where}: must be a table, not {type(raw).__name__}")
+        self.raw = raw
+        self.where = where
+        self.seen: set[str] = set()
+
+    def key(self, name: str) -> str:
+        return f"{self.where}.{name}" if self.where else name
+
+    def get(self, name: str, types: type | tuple[type, ...], default: Any = None, *,
+            required: bool = False, check: Callable[[Any], str | None] | None = None) -> Any:
+        self.seen.add(name)
+        if name not in self.raw:
+            if required:
+                raise ConfigError(f"{self.key(name)}: required")
+            return default
+        value = self.raw[name]
+        # bool is an int in Python; a TOML `true` is never a count or a duration
+        if isinstance(value, bool) and bool not in _as_tuple(types):
+            raise ConfigError(f"{self.key(name)}: expected {_type_names(types)}, got a boolean")
+        accepted = _as_tuple(types)
+        if float in accepted and int not in accepted:
+            accepted = (*accepted, int)       # a TOML `30` is a fine duration
+        if not isinstance(value, accepted):
+            raise ConfigError(f"{self.key(name)}: expected {_type_names(types)}, "
+                              f"got {type(value).__name__} {value!r}")
+        if isinstance(value, int) and float in _as_tuple(types) and int not in _as_tuple(types):
+            value = float(value)
+        if check is not None:
+            problem = check(value)
+            if problem:
+                raise ConfigError(f"{self.key(name)}: {problem} (got {value!r})")
+        return value
+
+    def table(self, name: str, required: bool = False) -> "_Table":
+        self.seen.add(name)
+        if name not in self.raw:
+            if required:
+                raise ConfigError(f"{self.key(name)}: required section")
+            return _Table({}, self.key(name))
+        return _Table(self.raw[name], self.key(name))
+
+    def done(self) -> None:
+        unknown = sorted(set(self.raw) - self.seen)
+        if unknown:
+            raise ConfigError(f"{self.key(unknown[0])}: unknown key"
+                              + (f" (also unknown: {', '.join(unknown[1:])})" if unknown[1:] else ""))
+
+
+def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
+    return types if isinstance(types, tuple) else (types,)
+
+
+def _type_names(types: type | tuple[type, ...]) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", bool: "a boolean",
+             list: "an array", dict: "a table"}
+    return " or ".join(names.get(t, t.__name__) for t in _as_tuple(types))
+
+
+def _positive(v: float) -> str | None:
+    return None if v > 0 else "must be greater than 0"
+
+
+def _non_negative(v: float) -> str | None:
+    return None if v >= 0 else "must be 0 or more"
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[str], str | None]:
+    return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
+          "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4,
+          "tb": 1000**4, "tib": 1024**4}
+
+
+def parse_size(value: int | str) -> int:
+    """``1048576``, ``"1MiB"``, ``"512MB"`` → bytes."""
+    if isinstance(value, int):
+        return value
+    m = _SIZE.match(value)
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _UNITS:
+        raise ValueError(f"not a size: {value!r} (use bytes, or e.g. '512MiB', '1GB')")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def _size(t: _Table, name: str) -> int | None:
+    value = t.get(name, (int, str))
+    if value is None:
+        return None
+    try:
+        n = parse_size(value)
+    except ValueError as exc:
+        raise ConfigError(f"{t.key(name)}: {exc}") from None
+    if n <= 0:
+        raise ConfigError(f"{t.key(name)}: must be greater than 0 (got {value!r})")
+    return n
+
+
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+_HANDLER = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def _name_check(v: str) -> str | None:
+    return None if _NAME.match(v) else "must be 1-64 letters, digits, '_', '.', '-'"
+
+
+def _handler_check(v: str) -> str | None:
+    return None if _HANDLER.match(v) else "must be 'package.module:ClassName'"
+
+
+def _optional_duration(t: _Table, name: str, default: float | None) -> float | None:
+    """A timeout where 0 means "off"."""
+    value = t.get(name, (int, float), default, check=_non_negative)
+    return float(value) if value else None
+
+
+# -- sections ---------------------------------------------------------------------------------
+
+def _pipeline(t: _Table) -> PipelineConfig:
+    out = PipelineConfig(
+        name=t.get("name", str, required=True, check=_name_check),
+        handler=t.get("handler", str, required=True, check=_handler_check),
+        context=t.get("context", dict, {}),
+        shutdown_timeout=t.get("shutdown_timeout", float, 30.0, check=_positive))
+    t.done()
+    return out
+
+
+def _producer(t: _Table) -> ProducerConfig:
+    out = ProducerConfig(
+        source=t.get("source", str, required=True, check=_one_of(SOURCES)),
+        concurrency=t.get("concurrency", int, 1, check=_positive),
+        options=t.get("options", dict, {}),
+        dispatcher=t.get("dispatcher", str, "spread", check=_one_of(DISPATCHERS)),
+        buffer_size=t.get("buffer_size", int, 10_000, check=_positive),
+        max_restarts=t.get("max_restarts", int, 3, check=_non_negative),
+        max_seconds=t.get("max_seconds", float, 5.0, check=_positive))
+    t.done()
+    return out
+
+
+def _processors(t: _Table) -> dict[str, ProcessorConfig]:
+    out = {}
+    for key in list(t.raw):
+        if key != PROCESSOR_KEY:
+            raise ConfigError(f"{t.key(key)}: unknown processor key (only "
+                              f"[processors.{PROCESSOR_KEY}] is supported, as in Broadway)")
+    p = t.table(PROCESSOR_KEY)
+    max_demand = p.get("max_demand", int, 10, check=_positive)
+    out[PROCESSOR_KEY] = ProcessorConfig(
+        concurrency=p.get("concurrency", int, 2, check=_positive),
+        max_demand=max_demand,
+        min_demand=p.get("min_demand", int, max_demand // 2, check=lambda v: None if
+                         0 <= v < max_demand else f"must be 0 or more and below max_demand "
+                         f"({max_demand})"),
+        partition_by=p.get("partition_by", str),
+        heartbeat_timeout=_optional_duration(p, "heartbeat_timeout", 30.0),
+        memory_limit=_size(p, "memory_limit"))
+    p.done()
+    t.done()
+    return out
+
+
+def _batchers(t: _Table) -> dict[str, BatcherConfig]:
+    out = {}
+    for key in t.raw:
+        if not _NAME.match(key) or "." in key:
+            raise ConfigError(f"{t.key(key)}: batcher keys are letters, digits, '_' and '-'")
+        b = t.table(key)
+        size = b.get("batch_size", (int, str), 100)
+        batch_bytes = isinstance(size, str)
+        try:
+            size = parse_size(size)
+        except ValueError as exc:
+            raise ConfigError(f"{b.key('batch_size')}: {exc}") from None
+        if size <= 0:
+            raise ConfigError(f"{b.key('batch_size')}: must be greater than 0 (got {size})")
+        out[key] = BatcherConfig(
+            batch_size=size, batch_bytes=batch_bytes,
+            batch_timeout=b.get("batch_timeout", float, 1.0, check=_positive),
+            concurrency=b.get("concurrency", int, 1, check=_positive),
+            max_demand=b.get("max_demand", int, 2, check=_positive),
+            upstream_demand=b.get("upstream_demand", int, max(1000, 2 * size if not
+                                  batch_bytes else 1000), check=_positive),
+            partition_by=b.get("partition_by", str),
+            heartbeat_timeout=_optional_duration(b, "heartbeat_timeout", None),
+            memory_limit=_size(b, "memory_limit"))
+        b.done()
+    t.done()
+    return out
+
+
+def _spark(t: _Table) -> dict:
+    out = {
+        "master": t.get("master", str, "local[2]"),
+        "remote": t.get("remote", str, "", check=lambda v: None if not v or
+                        v.startswith("sc://") else "must be an sc://host:port URL"),
+        "token_env": t.get("token_env", str, ""),
+        "token_file": t.get("token_file", str, ""),
+        "output": t.get("output", str, required=True),
+        "format": t.get("format", str, "parquet", check=_one_of(SPARK_FORMATS)),
+        "partition_by": t.get("partition_by", list, []),
+        "schema": t.get("schema", str, ""),
+        "port": t.get("port", int, 0, check=lambda v: None if 0 <= v < 65536 else
+                      "must be a TCP port, or 0 to pick a free one"),
+        "driver_memory": t.get("driver_memory", str, "1g"),
+        "write_retry_seconds": t.get("write_retry_seconds", float, 60.0, check=_non_negative),
+    }
+    if not all(isinstance(c, str) for c in out["partition_by"]):
+        raise ConfigError(f"{t.key('partition_by')}: must be an array of column names")
+    t.done()
+    out["output"] = os.path.abspath(out["output"])
+    if out["token_file"]:
+        out["token_file"] = os.path.abspath(out["token_file"])
+    return out
+
+
+def _metrics(t: _Table) -> MetricsConfig:
+    listen = t.get("listen", str, "127.0.0.1:9464")
+    if listen:
+        host, sep, port = listen.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise ConfigError(f"{t.key('listen')}: must be 'host:port' or '' to turn metrics "
+                              f"off (got {listen!r})")
+    t.done()
+    return MetricsConfig(listen=listen)
+
+
+def _runtime(t: _Table) -> RuntimeConfig:
+    rdir = os.path.abspath(t.get("dir", str, "var/run"))
+    state = os.path.abspath(t.get("state_dir", str, os.path.join(os.path.dirname(rdir),
+                                                                 "state")))
+    if len(rdir) + len("/") + LONGEST_SOCKET_NAME > MAX_SOCKET_PATH:
+        raise ConfigError(f"{t.key('dir')}: {rdir!r} is too long for unix socket paths "
+                          f"({len(rdir)} characters; keep it under "
+                          f"{MAX_SOCKET_PATH - LONGEST_SOCKET_NAME - 1})")
+    out = RuntimeConfig(
+        dir=rdir, state_dir=state,
+        log_level=t.get("log_level", str, "info", check=_one_of(LOG_LEVELS)),
+        log_format=t.get("log_format", str, "text", check=_one_of(("text", "json"))))
+    t.done()
+    return out
+
+
+# -- the whole file -----------------------------------------------------------------------------
+
+def validate(raw: dict, path: str = "") -> Loaded:
+    """Turn parsed TOML into a :class:`Config` or raise :class:`ConfigError`."""
+    root = _Table(raw, "")
+    pipeline = _pipeline(root.table("pipeline", required=True))
+    producer = _producer(root.table("producer", required=True))
+    processors = _processors(root.table("processors"))
+    batchers = _batchers(root.table("batchers"))
+    spark = _spark(root.table("spark")) if "spark" in raw else None
+    if spark is not None:
+        root.seen.add("spark")
+    metrics = _metrics(root.table("metrics"))
+    runtime = _runtime(root.table("runtime"))
+    root.done()
+    if spark is not None and not batchers:
+        raise ConfigError("spark: a [spark] sink needs at least one [batchers.<key>] section "
+                          "(Spark writes batches)")
+    config = Config(pipeline, producer, processors, batchers, spark, metrics, runtime, path)
+    return Loaded(config, warnings(config))
+
+
+def warnings(config: Config) -> list[str]:
+    """Settings that run but have a consequence the user should know about."""
+    out: list[str] = []
+    proc = config.processors[PROCESSOR_KEY]
+    if config.spark is not None:
+        writes = sum(b.concurrency / b.batch_timeout for b in config.batchers.values())
+        if writes > SPARK_WRITES_PER_SECOND:
+            out.append(
+                f"batchers: batch_timeout/concurrency may ask Spark for up to {writes:.0f} "
+                f"writes/s under light load, and one Spark driver sustains about "
+                f"{SPARK_WRITES_PER_SECOND:.0f} (each write has ~95 ms of fixed cost); raise "
+                f"batch_timeout or lower concurrency")
+        for key, b in config.batchers.items():
+            if not b.batch_bytes and b.batch_size < 1000:
+                out.append(f"batchers.{key}.batch_size: {b.batch_size} rows per Spark write "
+                           f"spends most of the time in Spark's fixed per-write cost; "
+                           f"1000 or more amortizes it")
+    if config.producer.source == "rabbitmq":
+        prefetch = config.producer.options.get("prefetch_count", "auto")
+        need = proc.concurrency * proc.max_demand
+        if isinstance(prefetch, int) and prefetch * config.producer.concurrency < need:
+            out.append(
+                f"producer.options.prefetch_count: {prefetch} per producer is below "
+                f"processors x max_demand ({need}): processors will starve waiting for "
+                f"deliveries; use 'auto' or at least {need // config.producer.concurrency + 1}")
+    return out
+
+
+def load_config(path: str) -> Loaded:
+    with open(path, "rb") as f:
+        try:
+            raw = tomllib.load(f)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"not valid TOML: {exc}") from None
+    return validate(raw, os.path.abspath(path))
+
+
+def check_handler(config: Config) -> None:
+    """Import ``pipeline.handler`` the way a stage will, so ``check`` catches a typo."""
+    import importlib
+
+    ref = config.pipeline.handler
+    module_name, _, attr = ref.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except Exception as exc:
+        raise ConfigError(f"pipeline.handler: cannot load {ref!r}: "
+                          f"{type(exc).__name__}: {exc}") from None
+    if not callable(getattr(obj, "handle_message", None)):
+        raise ConfigError(f"pipeline.handler: {ref!r} has no handle_message")

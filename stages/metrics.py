@@ -1,0 +1,97 @@
+"""A stage's Prometheus metrics, written in prometheus-client's multiprocess mode.
+
+The daemon sets ``PROMETHEUS_MULTIPROC_DIR`` in every stage's environment and serves the
+one ``/metrics`` endpoint that aggregates the files (see ``offbroadway.daemon.metrics``).
+Without that variable (a stage run by hand, unit tests) every call here does nothing and
+prometheus-client is not even imported.
+
+Counters are not incremented on the message hot path: the stage keeps plain integer
+counters and :meth:`StageMetrics.flush` adds their deltas once per tick (about a second).
+Counter files of dead processes are kept by multiprocess mode, so a restarted stage does
+not reset the totals an operator sees.  Histograms are observed once per frame or batch.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+#: stage counter name -> (metric name, help)
+COUNTERS = {
+    "in": ("offbroadway_messages_received_total", "Messages a stage received."),
+    "out": ("offbroadway_messages_processed_total", "Messages a stage handled and passed on."),
+    "failed": ("offbroadway_messages_failed_total", "Messages failed (handler or source)."),
+    "acked": ("offbroadway_messages_acked_total", "Messages acknowledged."),
+    "requeued": ("offbroadway_messages_requeued_total",
+                 "In-flight messages handed back to the source after a downstream exit."),
+    "malformed": ("offbroadway_malformed_frames_total", "Frames dropped as malformed."),
+    "batches": ("offbroadway_batches_total", "Batches emitted or handled."),
+}
+#: stage gauge name -> (metric name, help)
+GAUGES = {
+    "demand": ("offbroadway_demand_outstanding", "Demand consumers have placed and not yet met."),
+    "buffered": ("offbroadway_buffered_messages", "Messages waiting in a stage's buffer."),
+    "inflight": ("offbroadway_inflight_messages", "Messages emitted by a producer, not yet acked."),
+}
+HISTOGRAMS = {
+    "handle_message": ("offbroadway_handle_message_seconds",
+                       "handle_message time per message (mean over each frame).",
+                       (0.00001, 0.0001, 0.001, 0.01, 0.1, 0.5, 1, 5)),
+    "handle_batch": ("offbroadway_handle_batch_seconds", "handle_batch time per batch.",
+                     (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)),
+    "spark_write": ("offbroadway_spark_write_seconds", "Spark write time per batch.",
+                    (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)),
+    "batch_size": ("offbroadway_batch_size_messages", "Messages per batch.",
+                   (1, 10, 100, 500, 1000, 2000, 5000, 10000, 50000, 100000)),
+}
+LABELS = ("pipeline", "stage", "role")
+
+
+class StageMetrics:
+    def __init__(self, pipeline: str, stage: str, role: str) -> None:
+        self.enabled = bool(os.environ.get(MULTIPROC_ENV))
+        self._last: dict[str, int] = {}
+        if not self.enabled:
+            return
+        from prometheus_client import Counter, Gauge, Histogram
+
+        labels = (pipeline, stage, role)
+        self._counters = {k: Counter(n[: -len("_total")], h, LABELS).labels(*labels)
+                          for k, (n, h) in COUNTERS.items()}
+        self._gauges = {k: Gauge(n, h, LABELS, multiprocess_mode="livesum").labels(*labels)
+                        for k, (n, h) in GAUGES.items()}
+        self._histograms: dict[str, Any] = {}
+        self._hist_defs = HISTOGRAMS
+        self._labels = labels
+        self._hist_cls = Histogram
+
+    def flush(self, counters: dict[str, int], gauges: dict[str, Any]) -> None:
+        """Publish counter deltas since the last flush, and the current gauge values."""
+        if not self.enabled:
+            return
+        for key, counter in self._counters.items():
+            value = counters.get(key, 0)
+            delta = value - self._last.get(key, 0)
+            if delta > 0:
+                counter.inc(delta)
+            self._last[key] = value
+        for key, gauge in self._gauges.items():
+            value = gauges.get(key)
+            if isinstance(value, (int, float)):
+                gauge.set(value)
+
+    def observe(self, name: str, value: float, batcher: str = "") -> None:
+        if not self.enabled:
+            return
+        hist = self._histograms.get((name, batcher))
+        if hist is None:
+            metric, help_text, buckets = self._hist_defs[name]
+            family = self._histograms.get(name)
+            if family is None:
+                family = self._hist_cls(metric, help_text, (*LABELS, "batcher"), buckets=buckets)
+                self._histograms[name] = family
+            hist = family.labels(*self._labels, batcher)
+            self._histograms[(name, batcher)] = hist
+        hist.observe(value)

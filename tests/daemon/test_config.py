@@ -1,0 +1,105 @@
+"""Config validation: every error names its dotted key; good configs come out typed."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from offbroadway.daemon.config import ConfigError, parse_size, validate
+
+BASE = {
+    "pipeline": {"name": "orders", "handler": "examples.orders:Orders"},
+    "producer": {"source": "spool", "options": {"path": "var/spool"}},
+    "processors": {"default": {"concurrency": 4, "max_demand": 10, "min_demand": 5}},
+    "batchers": {"spark": {"batch_size": 1000, "batch_timeout": 1, "concurrency": 1}},
+    "spark": {"master": "local[2]", "output": "var/out"},
+    "runtime": {"dir": "/tmp/ob-run"},
+}
+
+
+def with_(path: str, value) -> dict:
+    raw = copy.deepcopy(BASE)
+    *parents, leaf = path.split(".")
+    node = raw
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[leaf] = value
+    return raw
+
+
+def test_the_base_config_is_valid_and_typed() -> None:
+    config = validate(copy.deepcopy(BASE)).config
+    assert config.processors["default"].max_demand == 10
+    assert config.batchers["spark"].batch_timeout == 1.0
+    assert isinstance(config.batchers["spark"].batch_timeout, float)
+    assert config.spark["format"] == "parquet"
+    assert config.metrics.listen == "127.0.0.1:9464"   # localhost by default
+
+
+@pytest.mark.parametrize("path,value,fragment", [
+    ("processors.default.max_demand", "ten", "expected an integer"),
+    ("processors.default.max_demand", 0, "greater than 0"),
+    ("processors.default.min_demand", 10, "below max_demand"),
+    ("processors.default.concurrency", True, "boolean"),
+    ("producer.source", "kafka", "must be one of"),
+    ("producer.dispatcher", "random", "must be one of"),
+    ("batchers.spark.batch_size", "lots", "not a size"),
+    ("batchers.spark.batch_timeout", -1, "greater than 0"),
+    ("batchers.spark.batch_sise", 10, "unknown key"),
+    ("spark.format", "csv", "must be one of"),
+    ("spark.remote", "http://x", "sc://"),
+    ("pipeline.handler", "no_colon", "package.module:ClassName"),
+    ("pipeline.shutdown_timeout", "1m", "expected a number"),
+    ("metrics.listen", "9464", "host:port"),
+    ("runtime.dir", "/tmp/" + "x" * 80, "too long for unix socket"),
+    ("runtime.log_level", "loud", "must be one of"),
+    ("surprise", {}, "unknown key"),
+])
+def test_errors_name_the_key(path: str, value, fragment: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        validate(with_(path, value))
+    assert str(err.value).startswith(path), str(err.value)
+    assert fragment in str(err.value)
+
+
+def test_missing_required_keys_are_named() -> None:
+    raw = copy.deepcopy(BASE)
+    del raw["pipeline"]["handler"]
+    with pytest.raises(ConfigError, match=r"^pipeline\.handler: required"):
+        validate(raw)
+    raw = copy.deepcopy(BASE)
+    del raw["producer"]
+    with pytest.raises(ConfigError, match=r"^producer: required"):
+        validate(raw)
+
+
+def test_only_the_default_processor_key_exists() -> None:
+    with pytest.raises(ConfigError, match=r"^processors\.fast: unknown processor key"):
+        validate(with_("processors.fast", {"concurrency": 1}))
+
+
+def test_spark_needs_a_batcher() -> None:
+    raw = copy.deepcopy(BASE)
+    del raw["batchers"]
+    with pytest.raises(ConfigError, match=r"^spark: .*batchers"):
+        validate(raw)
+
+
+def test_batch_size_in_bytes() -> None:
+    b = validate(with_("batchers.spark.batch_size", "1MiB")).config.batchers["spark"]
+    assert (b.batch_size, b.batch_bytes) == (1024 * 1024, True)
+    assert parse_size("512MB") == 512_000_000
+    assert parse_size(42) == 42
+
+
+def test_warnings_explain_pitfalls() -> None:
+    raw = with_("batchers.spark.batch_size", 10)
+    raw["batchers"]["spark"]["batch_timeout"] = 0.05
+    warnings = validate(raw).warnings
+    assert any("writes/s" in w for w in warnings)
+    assert any("batch_size" in w for w in warnings)
+    raw = with_("producer.source", "rabbitmq")
+    raw["producer"]["options"] = {"prefetch_count": 5}
+    warnings = validate(raw).warnings
+    assert any("prefetch_count" in w and "starve" in w for w in warnings)
