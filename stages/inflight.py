@@ -1,0 +1,95 @@
+"""The producer's in-flight table: every message emitted and not yet settled.
+
+This is what "nothing lost" rests on (ARCHITECTURE §5): a message leaves the table only
+when an ack settles it (the source then acks or fails it) or when a stage downstream dies
+and everything in flight is handed back to the source to requeue.  Pure and synchronous
+so conservation can be property-tested: each handle added comes out exactly once.
+
+Acks come over the wire from other processes, so they are untrusted input: a token that
+is not in the table (an ack for a previous incarnation's message, a duplicate, one that
+arrived after a requeue, or garbage) is counted in :attr:`InFlightTable.unknown` and
+ignored.  It must never crash the producer nor settle someone else's message; tokens are
+unique per incarnation (they start at its start time in ns) so that cannot happen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Generic, TypeVar
+
+H = TypeVar("H")
+
+_MISSING: Any = object()
+
+
+class InFlightTable(Generic[H]):
+    """token → source handle, in emission order."""
+
+    def __init__(self) -> None:
+        self._table: dict[int, H] = {}
+        #: acks (ok or failed) naming a token that is not in flight, since creation
+        self.unknown = 0
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def __contains__(self, token: object) -> bool:
+        try:
+            return token in self._table
+        except TypeError:
+            return False
+
+    def add_many(self, entries: Iterable[tuple[int, H]]) -> None:
+        """Record emitted messages.
+
+        A token already in flight would silently replace (and so lose) a handle, which is
+        a producer bug: :class:`ValueError`, and the table is left unchanged.
+        """
+        if not isinstance(entries, list):
+            entries = list(entries)
+        new = dict(entries)
+        table = self._table
+        if len(new) != len(entries) or not table.keys().isdisjoint(new):
+            raise ValueError("a token is already in flight or repeated in this add_many")
+        table.update(new)
+
+    def settle(self, ok_tokens: Iterable[Any], failed: Iterable[Any]
+               ) -> tuple[list[H], list[tuple[H, str]]]:
+        """Remove acked messages: (handles to ack, (handle, reason) to fail).
+
+        A token named twice (in one call or across calls) settles once; the repeats are
+        unknown.  A failed entry that is not a ``(token, reason)`` pair is unknown too.
+        """
+        pop = self._table.pop
+        handles: list[H] = []
+        unknown = 0
+        for t in ok_tokens:
+            try:
+                h = pop(t, _MISSING)
+            except TypeError:            # an unhashable token off the wire
+                h = _MISSING
+            if h is _MISSING:
+                unknown += 1
+            else:
+                handles.append(h)
+        failures: list[tuple[H, str]] = []
+        for entry in failed:
+            try:
+                t, reason = entry
+                h = pop(t, _MISSING)
+            except (TypeError, ValueError):
+                h = _MISSING
+            if h is _MISSING:
+                unknown += 1
+            else:
+                failures.append((h, reason if isinstance(reason, str) else str(reason)))
+        self.unknown += unknown
+        return handles, failures
+
+    def take_all(self) -> list[H]:
+        """Empty the table and return every handle, oldest first, to be requeued: a stage
+        downstream died and whatever it held is lost; acks that arrive later for these
+        tokens are unknown (the source already has the messages back)."""
+        handles = list(self._table.values())
+        self._table.clear()
+        return handles
