@@ -93,6 +93,41 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_top(args: argparse.Namespace) -> int:
+    """A live view: the tree every ``--interval`` seconds, with per-stage output rates."""
+    import time
+
+    from .render import render_tree
+
+    previous: dict[str, tuple[float, int]] = {}
+    try:
+        while True:
+            status = _call(args, {"cmd": "status"})["status"]
+            now = time.monotonic()
+            rates: dict[str, float] = {}
+            counts: dict[str, int] = {}
+
+            def walk(node: dict) -> None:
+                out = node.get("messages", {}).get("out")
+                if isinstance(out, int):
+                    counts[node["id"]] = out
+                for child in node.get("children", []):
+                    walk(child)
+
+            walk(status["tree"])
+            for sid, out in counts.items():
+                if sid in previous and now > previous[sid][0]:
+                    rates[sid] = max(0, out - previous[sid][1]) / (now - previous[sid][0])
+                previous[sid] = (now, out)
+            sys.stdout.write("\x1b[H\x1b[2J" + render_tree(status, rates) + "\n")
+            sys.stdout.flush()
+            if args.once:
+                return 0
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return 0
+
+
 def cmd_simple(verb: str):
     def run(args: argparse.Namespace) -> int:
         payload = {"cmd": verb}
@@ -124,6 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true")
     target(status)
     status.set_defaults(fn=cmd_status)
+    top = sub.add_parser("top", help="a live view of the tree and per-stage rates")
+    top.add_argument("--interval", type=float, default=1.0)
+    top.add_argument("--once", action="store_true", help="print one frame and exit")
+    target(top)
+    top.set_defaults(fn=cmd_top)
     restart = sub.add_parser("restart", help="restart a child or a supervisor subtree")
     restart.add_argument("child_id")
     target(restart)

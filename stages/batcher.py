@@ -19,7 +19,8 @@ import zmq
 from . import protocol
 from .batching import BatchAccumulator
 from .consumer import Subscriptions
-from .dispatch import PartitionDispatcher, SpreadDispatcher
+from .dispatch import Dispatcher, PartitionDispatcher, SpreadDispatcher
+from .downstream import Downstream
 from .spec import StageSpec
 from .stage import Stage, load_handler
 
@@ -39,7 +40,7 @@ class BatcherStage(Stage):
                 return key % n if isinstance(key, int) else zlib.crc32(repr(key).encode()) % n
 
             self.partition_of = partition_of
-            self.dispatcher: Any = PartitionDispatcher(range(n), lambda b: b[3])
+            self.dispatcher: Dispatcher = PartitionDispatcher(range(n), lambda b: b[3])
         else:
             self.dispatcher = SpreadDispatcher()
         self.pending: list[tuple] = []     # batches waiting for batch-processor demand
@@ -50,8 +51,7 @@ class BatcherStage(Stage):
         self.counters.update(batches=0)
 
     def setup(self) -> None:
-        self.sock = self.router()
-        self.register(self.sock, self._on_consumers)
+        self.downstream = Downstream(self, self.dispatcher, on_change=self._on_demand)
         for processor in self.spec.upstream:
             sock = self.dealer(processor)
             self.subs.add(processor, sock, self.spec.batcher)
@@ -111,61 +111,29 @@ class BatcherStage(Stage):
         self._arm_timer()
 
     # -- downstream (batch processors) ------------------------------------------------------
-    def _on_consumers(self, sock: zmq.Socket) -> None:
-        for _ in range(1000):
-            try:
-                peer, frame = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            except ValueError:
-                self.counters["malformed"] += 1
-                continue
-            msg = self.decode(frame, peer.decode(errors="replace"))
-            if msg is None:
-                continue
-            if msg[0] == protocol.ASK:
-                try:
-                    self.dispatcher.ask(peer, msg[1])
-                except KeyError:
-                    self._send(peer, protocol.cancel("unknown subscription"))
-            elif msg[0] == protocol.SUBSCRIBE:
-                self.dispatcher.subscribe(peer, msg[1], msg[3])
-            elif msg[0] == protocol.CANCEL:
-                self.dispatcher.cancel(peer)
+    def _on_demand(self) -> None:
         self._dispatch()
         self._maybe_finish()
 
     def _dispatch(self) -> None:
         if not self.pending:
             return
-        deliveries, leftovers = self.dispatcher.dispatch(self.pending)
-        for consumer, batches in deliveries:
-            for i, (key, trigger, events, _part) in enumerate(batches):
-                if self._send(consumer, protocol.batch(key, trigger, events)):
-                    self.counters["out"] += len(events)
-                    self.counters["batches"] += 1
-                else:
-                    self.dispatcher.cancel(consumer)
-                    leftovers = batches[i:] + leftovers
-                    break
-        self.pending = leftovers
+        self.pending, _sent = self.downstream.deliver_each(self.pending, self._encode_batch)
         if len(self.pending) <= max(1, self.spec.consumer_count):
             self.subs.release()
 
-    def _send(self, peer: bytes, frame: bytes) -> bool:
-        try:
-            self.sock.send_multipart([peer, frame], zmq.NOBLOCK)
-            return True
-        except zmq.ZMQError:
-            return False
+    def _encode_batch(self, pending: tuple) -> bytes:
+        key, trigger, events, _partition = pending
+        self.counters["out"] += len(events)
+        self.counters["batches"] += 1
+        return protocol.batch(key, trigger, events)
 
     # -- shutdown cascade -------------------------------------------------------------------
     def _maybe_finish(self) -> None:
         if self.finished or not self.subs.all_done or self.pending or len(self.acc):
             return
         self.finished = True
-        for consumer in self.dispatcher.consumers():
-            self._send(consumer, protocol.cancel("shutdown"))
+        self.downstream.cancel_all("shutdown")
 
     def cmd_flush(self) -> None:
         """Operator drain: emit partial batches now instead of at their timeout."""

@@ -19,6 +19,7 @@ from . import callbacks, protocol
 from .acker import Acker
 from .consumer import Subscriptions
 from .dispatch import PartitionDispatcher
+from .downstream import Downstream
 from .spec import StageSpec
 from .stage import Stage, load_handler
 
@@ -39,9 +40,9 @@ class ProcessorStage(Stage):
 
     def setup(self) -> None:
         if self.batchers:
-            self.dispatcher = PartitionDispatcher(sorted(self.batchers), _batcher_of)
-            self.sock = self.router()
-            self.register(self.sock, self._on_consumers)
+            self.downstream = Downstream(
+                self, PartitionDispatcher(sorted(self.batchers), _batcher_of),
+                on_change=self._on_demand)
         partition = self.spec.index if self.spec.partition_by else None
         for producer in self.spec.upstream:
             sock = self.dealer(producer)
@@ -92,48 +93,16 @@ class ProcessorStage(Stage):
         self.counters["out"] += len(done)
 
     # -- downstream (batchers) --------------------------------------------------------------
-    def _on_consumers(self, sock: zmq.Socket) -> None:
-        for _ in range(1000):
-            try:
-                peer, frame = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            except ValueError:
-                self.counters["malformed"] += 1
-                continue
-            msg = self.decode(frame, peer.decode(errors="replace"))
-            if msg is None:
-                continue
-            if msg[0] == protocol.ASK:
-                try:
-                    self.dispatcher.ask(peer, msg[1])
-                except KeyError:
-                    self._send(peer, protocol.cancel("unknown subscription"))
-            elif msg[0] == protocol.SUBSCRIBE:
-                self.dispatcher.subscribe(peer, msg[1], msg[3])
-            elif msg[0] == protocol.CANCEL:
-                self.dispatcher.cancel(peer)
+    def _on_demand(self) -> None:
         self._forward()
         self._maybe_finish()
 
     def _forward(self) -> None:
         if not self.out:
             return
-        deliveries, leftovers = self.dispatcher.dispatch(self.out)
-        for consumer, evs in deliveries:
-            if not self._send(consumer, protocol.events(evs)):
-                self.dispatcher.cancel(consumer)
-                leftovers = evs + leftovers
-        self.out = leftovers
+        self.out, _sent = self.downstream.deliver(self.out, protocol.events)
         if len(self.out) < self.out_limit:
             self.subs.release()
-
-    def _send(self, peer: bytes, frame: bytes) -> bool:
-        try:
-            self.sock.send_multipart([peer, frame], zmq.NOBLOCK)
-            return True
-        except zmq.ZMQError:
-            return False
 
     # -- shutdown cascade -------------------------------------------------------------------
     def _maybe_finish(self) -> None:
@@ -141,8 +110,7 @@ class ProcessorStage(Stage):
             return
         self.finished = True
         if self.batchers:
-            for consumer in self.dispatcher.consumers():
-                self._send(consumer, protocol.cancel("shutdown"))
+            self.downstream.cancel_all("shutdown")
         self.report("done", {})
 
     def cmd_resubscribe(self, producer: str) -> None:

@@ -16,10 +16,14 @@ import time
 import zlib
 from typing import Any
 
-import zmq
-
 from . import protocol
-from .dispatch import GenStageDemandDispatcher, PartitionDispatcher, SpreadDispatcher
+from .dispatch import (
+    Dispatcher,
+    GenStageDemandDispatcher,
+    PartitionDispatcher,
+    SpreadDispatcher,
+)
+from .downstream import Downstream
 from .inflight import InFlightTable
 from .sources import get_source
 from .spec import StageSpec
@@ -43,7 +47,7 @@ class ProducerStage(Stage):
             def key(event: list) -> int:
                 return _stable_hash(route(protocol.event_to_message(event))) % n
 
-            self.dispatcher: Any = PartitionDispatcher(range(n), key)
+            self.dispatcher: Dispatcher = PartitionDispatcher(range(n), key)
         elif spec.dispatcher == "demand":
             self.dispatcher = GenStageDemandDispatcher()
         else:
@@ -53,7 +57,6 @@ class ProducerStage(Stage):
         self.next_token = time.time_ns()
         self.draining = False
         self.paused = False
-        self.cancelled_consumers = False
         self._retry_pending = False
         self._idle: bool | None = None
         self._settled_reported = False
@@ -62,8 +65,7 @@ class ProducerStage(Stage):
     # -- lifecycle ------------------------------------------------------------------------------
     def setup(self) -> None:
         self.source.open()
-        self.sock = self.router()
-        self.register(self.sock, self._on_frames)
+        self.downstream = Downstream(self, self.dispatcher, self._on_frame, self.pump)
         fd = self.source.fileno()
         if fd is not None:
             self.register_fd(fd, self.pump)
@@ -83,37 +85,12 @@ class ProducerStage(Stage):
         return s
 
     # -- frames from consumers ------------------------------------------------------------------
-    def _on_frames(self, sock: zmq.Socket) -> None:
-        for _ in range(1000):
-            try:
-                peer, frame = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            except ValueError:      # not two parts: not one of ours
-                self.counters["malformed"] += 1
-                continue
-            msg = self.decode(frame, peer.decode(errors="replace"))
-            if msg is None:
-                continue
-            kind = msg[0]
-            if kind == protocol.ASK:
-                try:
-                    self.dispatcher.ask(peer, msg[1])
-                except KeyError:
-                    # a consumer we do not know (we restarted): tell it to subscribe again
-                    self._send(peer, protocol.cancel("unknown subscription"))
-            elif kind == protocol.ACK:
-                self._settle(msg[1], msg[2])
-            elif kind == protocol.SUBSCRIBE:
-                self.dispatcher.subscribe(peer, msg[1], msg[3])
-                if self.cancelled_consumers:
-                    self._send(peer, protocol.cancel("shutdown"))
-            elif kind == protocol.CANCEL:
-                self.dispatcher.cancel(peer)
-        self.pump()
+    def _on_frame(self, peer: bytes, msg: list) -> None:
+        if msg[0] == protocol.ACK:
+            self._settle(msg[1], msg[2])
 
     def _settle(self, ok: list, failed: list) -> None:
-        handles, failures = self.inflight.settle(ok, [(t, r) for t, r in failed])
+        handles, failures = self.inflight.settle(ok, failed)
         self.counters["unknown_acks"] = self.inflight.unknown
         if handles:
             self.source.ack(handles)
@@ -161,29 +138,14 @@ class ProducerStage(Stage):
         return events
 
     def _dispatch(self, events: list[list]) -> list[list]:
-        deliveries, leftovers = self.dispatcher.dispatch(events)
-        for consumer, evs in deliveries:
-            if self._send(consumer, _encode_events(evs)):
-                self.counters["out"] += len(evs)
-            else:
-                # the consumer is gone: forget its demand and keep its events for others
-                self.dispatcher.cancel(consumer)
-                leftovers = evs + leftovers
+        leftovers, sent = self.downstream.deliver(events, _encode_events)
+        self.counters["out"] += sent
         return leftovers
-
-    def _send(self, peer: bytes, frame: bytes) -> bool:
-        try:
-            self.sock.send_multipart([peer, frame], zmq.NOBLOCK)
-            return True
-        except zmq.ZMQError:
-            return False
 
     # -- drain, requeue and idleness ------------------------------------------------------------
     def _maybe_cancel_consumers(self) -> None:
-        if self.draining and not self.buffer and not self.cancelled_consumers:
-            self.cancelled_consumers = True
-            for consumer in self.dispatcher.consumers():
-                self._send(consumer, protocol.cancel("shutdown"))
+        if self.draining and not self.buffer and not self.downstream.closed:
+            self.downstream.cancel_all("shutdown")
             self.report("drained", {})
 
     def _watch_idle(self) -> None:

@@ -1,0 +1,259 @@
+"""End-to-end throughput: the real daemon against the bare ZeroMQ ceiling, in one run.
+
+    .venv/bin/python bench/throughput.py [--messages 2000000] [--dispatcher spread demand]
+
+Pipeline: generator source (1 producer), processors concurrency 2, one batcher with
+batch_size 100 and one batch processor, handlers that do nothing (issue 3's set-up).  The
+daemon's rate is taken from its own status counters between the first acked message and
+the last one, so process start-up is not counted.  The ceiling is the same five processes
+(generator → 2 workers → collector → sink) passing msgpack frames of 100 events over
+ZeroMQ PUSH/PULL with no protocol, no demand and no acks: what Python and ZeroMQ cost by
+themselves on this machine.  Peak PSS of each process tree is sampled with psutil.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import msgpack
+import psutil
+import zmq
+
+REPO = Path(__file__).resolve().parent.parent
+FRAME = 100
+
+
+# -- the bare ceiling ---------------------------------------------------------------------------
+
+def _bare_worker(src: str, dst: str) -> None:
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.connect(src)
+    push = ctx.socket(zmq.PUSH)
+    push.connect(dst)
+    while True:
+        frame = pull.recv()
+        if not frame:
+            push.send(b"")
+            break
+        events = msgpack.unpackb(frame)
+        push.send(msgpack.packb(events))
+    push.close(linger=-1)
+
+
+def _bare_sink(addr: str, expect_ends: int, result: mp.Queue) -> None:
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.bind(addr)
+    n = ends = 0
+    start = None
+    while ends < expect_ends:
+        frame = pull.recv()
+        if start is None:
+            start = time.perf_counter()
+        if not frame:
+            ends += 1
+            continue
+        n += len(msgpack.unpackb(frame))
+    result.put((time.perf_counter() - (start or time.perf_counter()), n))
+
+
+def bare_ceiling(messages: int, payload_bytes: int) -> dict:
+    tmp = tempfile.mkdtemp(prefix="obb-", dir="/tmp")
+    a, b, c = (f"ipc://{tmp}/{x}" for x in "abc")
+    frames = messages // FRAME
+    result: mp.Queue = mp.Queue()
+    # gen → (a) → 2 workers → (b) → collector → (c) → sink
+    sink = mp.Process(target=_bare_sink, args=(c, 1, result))
+    collector = mp.Process(target=_collector, args=(b, c, 2))
+    workers = [mp.Process(target=_bare_worker, args=(a, b)) for _ in range(2)]
+    source = mp.Process(target=_bare_source_fanout, args=(a, frames, "x" * payload_bytes, 2))
+    procs = [sink, collector, *workers, source]
+    for p in procs:
+        p.start()
+    peak = _sample_pss_while([p.pid for p in procs], lambda: source.is_alive() or
+                             sink.is_alive())
+    elapsed, n = result.get(timeout=600)
+    for p in procs:
+        p.join()
+    shutil.rmtree(tmp, ignore_errors=True)
+    return {"events": n, "seconds": elapsed, "rate": n / elapsed, "peak_pss_bytes": peak}
+
+
+def _bare_source_fanout(addr: str, frames: int, payload: str, consumers: int) -> None:
+    ctx = zmq.Context()
+    out = ctx.socket(zmq.PUSH)
+    out.bind(addr)
+    seq = 0
+    for _ in range(frames):
+        events = [[0, seq + i, f"0-{seq + i}", {"seq": seq + i, "payload": payload}, {}]
+                  for i in range(FRAME)]
+        seq += FRAME
+        out.send(msgpack.packb(events))
+    for _ in range(consumers):
+        out.send(b"")
+    out.close(linger=-1)
+
+
+def _collector(src: str, dst: str, ends_expected: int) -> None:
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.bind(src)
+    push = ctx.socket(zmq.PUSH)
+    push.connect(dst)
+    ends = 0
+    while ends < ends_expected:
+        frame = pull.recv()
+        if not frame:
+            ends += 1
+            continue
+        push.send(msgpack.packb(msgpack.unpackb(frame)))
+    push.send(b"")
+    push.close(linger=-1)
+
+
+def _tree_pss(pids: list[int]) -> int:
+    total = 0
+    seen: set[int] = set()
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for p in procs:
+            if p.pid in seen:
+                continue
+            seen.add(p.pid)
+            try:
+                total += p.memory_full_info().pss
+            except psutil.Error:
+                pass
+    return total
+
+
+def _sample_pss_while(pids: list[int], alive, interval: float = 0.25) -> int:
+    peak = 0
+    while alive():
+        peak = max(peak, _tree_pss(pids))
+        time.sleep(interval)
+    return peak
+
+
+# -- the daemon ---------------------------------------------------------------------------------
+
+HANDLER = '''
+from offbroadway import Pipeline
+
+class Noop(Pipeline):
+    def handle_message(self, processor, message, context):
+        return message.put_batcher("sink")
+
+    def handle_batch(self, batcher, messages, batch_info, context):
+        return messages
+'''
+
+
+def daemon_run(messages: int, payload_bytes: int, dispatcher: str) -> dict:
+    tmp = Path(tempfile.mkdtemp(prefix="obd-", dir="/tmp"))
+    (tmp / "bench_noop.py").write_text(HANDLER)
+    config = tmp / "bench.toml"
+    config.write_text(f"""
+[pipeline]
+name = "bench"
+handler = "bench_noop:Noop"
+
+[producer]
+source = "generator"
+concurrency = 1
+dispatcher = "{dispatcher}"
+
+[producer.options]
+count = {messages}
+payload_bytes = {payload_bytes}
+
+[processors.default]
+concurrency = 2
+
+[batchers.sink]
+batch_size = 100
+batch_timeout = 1.0
+concurrency = 1
+
+[metrics]
+listen = ""
+
+[runtime]
+dir = "{tmp}/run"
+state_dir = "{tmp}/state"
+""")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp), str(REPO)]))
+    daemon = subprocess.Popen([sys.executable, "-m", "offbroadway.daemon.cli", "run",
+                               str(config), "--until-idle"], cwd=tmp, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    sock = str(tmp / "run" / "control.sock")
+    from offbroadway.daemon import control
+
+    first: tuple[float, int] | None = None
+    last: tuple[float, int] = (time.perf_counter(), 0)
+    peak = 0
+    while daemon.poll() is None:
+        try:
+            status = control.request(sock, {"cmd": "status"}, timeout=5)["status"]
+        except (control.ControlError, OSError, ValueError):   # not up yet, or stopping
+            time.sleep(0.1)
+            continue
+        acked = _producer_acked(status["tree"])
+        now = time.perf_counter()
+        if acked and first is None:
+            first = (now, acked)
+        if acked > last[1]:
+            last = (now, acked)
+        peak = max(peak, _tree_pss([daemon.pid]))
+        time.sleep(0.2)
+    err = daemon.stderr.read()
+    shutil.rmtree(tmp, ignore_errors=True)
+    if daemon.returncode != 0 or first is None:
+        raise SystemExit(f"daemon failed ({daemon.returncode}):\n{err[-3000:]}")
+    n = last[1] - first[1]
+    return {"events": last[1], "seconds": last[0] - first[0],
+            "rate": n / (last[0] - first[0]), "peak_pss_bytes": peak}
+
+
+def _producer_acked(tree: dict) -> int:
+    total = 0
+    if tree["id"].startswith("producer_"):
+        total += tree.get("messages", {}).get("acked", 0)
+    for child in tree.get("children", []):
+        total += _producer_acked(child)
+    return total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--messages", type=int, default=2_000_000)
+    ap.add_argument("--payload-bytes", type=int, default=100)
+    ap.add_argument("--dispatcher", nargs="+", default=["spread"])
+    args = ap.parse_args()
+    results = {"machine": f"{os.cpu_count()} cores, {psutil.virtual_memory().total >> 30} GiB",
+               "ceiling": bare_ceiling(args.messages, args.payload_bytes)}
+    for d in args.dispatcher:
+        results[d] = daemon_run(args.messages, args.payload_bytes, d)
+        results[d]["ratio_to_ceiling"] = results[d]["rate"] / results["ceiling"]["rate"]
+    if len(args.dispatcher) > 1:
+        a, b = args.dispatcher[:2]
+        results[f"{a}/{b}"] = results[a]["rate"] / results[b]["rate"]
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

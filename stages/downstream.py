@@ -1,0 +1,111 @@
+"""The producer side of a stage: its ROUTER, its consumers' subscriptions and their demand.
+
+Producers, processors (towards batchers) and batchers (towards batch processors) all bind
+a ROUTER that consumers subscribe to; this class is that shared half, so the rules live in
+one place: a subscription the dispatcher refuses is cancelled back ("bad subscription"), an
+ask from a consumer we do not know is answered "unknown subscription" (we restarted, so it
+must subscribe again), a send that fails means the consumer is gone (ROUTER_MANDATORY) and
+its events go back to be dispatched to the others.  Frames other than subscribe / ask /
+cancel (a producer's ACKs) are handed to the stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from . import protocol
+from .dispatch import Dispatcher
+
+#: frames read per wake-up before the stage's other sockets get a turn
+READ_BURST = 1000
+
+
+class Downstream:
+    def __init__(self, stage: Any, dispatcher: Dispatcher,
+                 on_frame: Callable[[bytes, list], None] | None = None,
+                 on_change: Callable[[], None] = lambda: None) -> None:
+        self.stage = stage
+        self.dispatcher = dispatcher
+        self.on_frame = on_frame
+        self.on_change = on_change
+        self.closed = False          # after cancel_all: late subscribers are told at once
+        self.sock = stage.router()
+        stage.register(self.sock, self._on_frames)
+
+    def _on_frames(self, sock: zmq.Socket) -> None:
+        stage = self.stage
+        for _ in range(READ_BURST):
+            try:
+                parts = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if len(parts) != 2:       # not one of ours
+                stage.counters["malformed"] += 1
+                continue
+            peer, frame = parts
+            msg = stage.decode(frame, peer.decode(errors="replace"))
+            if msg is None:
+                continue
+            kind = msg[0]
+            if kind == protocol.ASK:
+                try:
+                    self.dispatcher.ask(peer, msg[1])
+                except KeyError:
+                    self.send(peer, protocol.cancel("unknown subscription"))
+            elif kind == protocol.SUBSCRIBE:
+                try:
+                    self.dispatcher.subscribe(peer, msg[1], msg[3])
+                except ValueError as exc:
+                    stage.counters["malformed"] += 1
+                    self.send(peer, protocol.cancel(f"bad subscription: {exc}"))
+                    continue
+                if self.closed:
+                    self.send(peer, protocol.cancel("shutdown"))
+            elif kind == protocol.CANCEL:
+                self.dispatcher.cancel(peer)
+            elif self.on_frame is not None:
+                self.on_frame(peer, msg)
+        self.on_change()
+
+    def send(self, peer: bytes, frame: bytes) -> bool:
+        """False when the peer is gone (ROUTER_MANDATORY turns a silent drop into an error)."""
+        try:
+            self.sock.send_multipart([peer, frame], zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:
+            return False
+
+    def deliver(self, items: list, encode: Callable[[list], bytes]) -> tuple[list, int]:
+        """Dispatch ``items`` to demand, one frame per consumer (``encode`` of its share).
+
+        Returns what could not be delivered (in order) and how many items were sent.  A
+        consumer whose send fails is cancelled and its share kept for the others.
+        """
+        return self._deliver(items, lambda share: [(encode(share), share)])
+
+    def deliver_each(self, items: list, encode: Callable[[Any], bytes]) -> tuple[list, int]:
+        """As :meth:`deliver`, but one frame per item (a batch is one frame)."""
+        return self._deliver(items, lambda share: [(encode(item), [item]) for item in share])
+
+    def _deliver(self, items: list, frames: Callable[[list], list[tuple[bytes, list]]]
+                 ) -> tuple[list, int]:
+        if not items:
+            return items, 0
+        deliveries, leftovers = self.dispatcher.dispatch(items)
+        sent = 0
+        for consumer, share in deliveries:
+            for i, (frame, carried) in enumerate(frames(share)):
+                if not self.send(consumer, frame):
+                    self.dispatcher.cancel(consumer)
+                    leftovers = share[i:] + leftovers   # from the first frame not sent
+                    break
+                sent += len(carried)
+        return leftovers, sent
+
+    def cancel_all(self, reason: str = "shutdown") -> None:
+        self.closed = True
+        for consumer in self.dispatcher.consumers():
+            self.send(consumer, protocol.cancel(reason))
