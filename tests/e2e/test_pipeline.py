@@ -10,7 +10,6 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests.conftest import REPO, offbroadway_cmd, start_daemon, test_env, wait_until
@@ -18,8 +17,9 @@ from tests.e2e.handlers import read_records
 
 
 def write_spool(spool: Path, n: int, files: int = 2, extra: dict | None = None,
-                bad_lines: tuple[int, ...] = ()) -> list[str]:
-    """n JSON lines over ``files`` files; returns the message ids the spool will give."""
+                bad_lines: tuple[int, ...] = ()) -> None:
+    """n JSON lines (``{"seq": …, "route": even|odd, "key": seq % 3}``) over ``files`` files;
+    the lines numbered in ``bad_lines`` are not JSON."""
     spool.mkdir(parents=True, exist_ok=True)
     per = (n + files - 1) // files
     seq = 0
@@ -35,10 +35,10 @@ def write_spool(spool: Path, n: int, files: int = 2, extra: dict | None = None,
                                          "key": seq % 3, **(extra or {})}))
             seq += 1
         (spool / f"part-{f:03d}.jsonl").write_text("\n".join(lines) + "\n")
-    return []
 
 
-def make_config(tmp: Path, *, batchers: dict | None = None, handler: str = "tests.e2e.handlers:Recorder",
+def make_config(tmp: Path, *, batchers: dict | None = None,
+                handler: str = "tests.e2e.handlers:Recorder",
                 processors: int = 2, producers: int = 1, context: dict | None = None,
                 shutdown_timeout: float = 20.0, spool: Path | None = None, max_demand: int = 10,
                 source: str = "spool", options: dict | None = None) -> Path:
@@ -76,7 +76,8 @@ dir = "{tmp / 'run'}"
 state_dir = "{tmp / 'state'}"
 """
     for key, b in (batchers or {}).items():
-        text += f"\n[batchers.{key}]\n" + "\n".join(f"{k} = {json.dumps(v)}" for k, v in b.items()) + "\n"
+        settings = "\n".join(f"{k} = {json.dumps(v)}" for k, v in b.items())
+        text += f"\n[batchers.{key}]\n{settings}\n"
     path = tmp / "pipeline.toml"
     path.write_text(text)
     return path
@@ -86,10 +87,6 @@ def run_until_idle(config: Path, timeout: float = 120) -> subprocess.CompletedPr
     proc = subprocess.run(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
                           env=test_env(), capture_output=True, text=True, timeout=timeout)
     return proc
-
-
-def spool_ids(n: int, files: int = 2) -> set[str]:
-    return set()
 
 
 def handled_seqs(out: Path, prefix: str = "batch-") -> Counter:
@@ -168,12 +165,10 @@ def test_bad_config_names_the_key_and_exits_2(short_tmp: Path) -> None:
     assert "processors.default.max_demand" in proc.stderr
 
 
-def _stage_pids(daemon: subprocess.Popen) -> dict[str, int]:
-    """Map stage id → pid from the children's environment-free cmdline is not enough, so
-    ask the daemon itself."""
-    out = subprocess.run(offbroadway_cmd("status", "--json", "--socket",
-                                         _socket_of(daemon)), cwd=REPO, env=test_env(),
-                         capture_output=True, text=True, timeout=30)
+def stage_pids(control_socket: Path) -> dict[str, int]:
+    """Stage id → pid, as the running daemon's ``status --json`` reports them."""
+    out = subprocess.run(offbroadway_cmd("status", "--json", "--socket", str(control_socket)),
+                         cwd=REPO, env=test_env(), capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     pids: dict[str, int] = {}
 
@@ -185,13 +180,6 @@ def _stage_pids(daemon: subprocess.Popen) -> dict[str, int]:
 
     walk(json.loads(out.stdout)["tree"])
     return pids
-
-
-_sockets: dict[int, str] = {}
-
-
-def _socket_of(daemon: subprocess.Popen) -> str:
-    return _sockets[daemon.pid]
 
 
 def test_sigterm_drains_everything_fetched_and_fetches_nothing_more(short_tmp: Path) -> None:
@@ -229,15 +217,14 @@ def test_sigkill_of_any_stage_loses_nothing(short_tmp: Path, victim: str) -> Non
     config = make_config(short_tmp, producers=2, context={"slow": 0.0002}, batchers={
         "even": {"batch_size": 100, "batch_timeout": 0.5, "concurrency": 2},
         "odd": {"batch_size": 100, "batch_timeout": 0.5}})
-    _sockets_dir = short_tmp / "run" / "control.sock"
+    control = short_tmp / "run" / "control.sock"
     daemon = start_daemon(config, "--until-idle")
-    _sockets[daemon.pid] = str(_sockets_dir)
     out = short_tmp / "out"
     try:
-        wait_until(lambda: _sockets_dir.exists(), timeout=30, message="control socket")
+        wait_until(control.exists, timeout=30, message="control socket")
         wait_until(lambda: len(read_records(str(out), "batch-")) >= 1000, timeout=60,
                    message="messages to flow")
-        pids = _stage_pids(daemon)
+        pids = stage_pids(control)
         os.kill(pids[victim], signal.SIGKILL)
         code = daemon.wait(120)
     finally:
