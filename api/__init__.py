@@ -8,5 +8,5 @@ The handler API users import::
 from .message import BatchInfo, Message
 from .pipeline import Pipeline
 
-__all__ = ["Pipeline", "Message", "BatchInfo"]
+__all__ = ["BatchInfo", "Message", "Pipeline"]
 __version__ = "0.1.0"

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-__all__ = ["Message", "BatchInfo"]
+__all__ = ["BatchInfo", "Message"]
 
 
 class Message:
-    __slots__ = ("id", "data", "metadata", "batcher", "batch_key", "status", "origin", "token")
+    __slots__ = ("batch_key", "batcher", "data", "id", "metadata", "origin", "status", "token")
 
     def __init__(
         self,
@@ -42,23 +42,23 @@ class Message:
         self.token = token
 
     # -- chainable API (Broadway.Message) ------------------------------------------------
-    def put_batcher(self, batcher: str) -> "Message":
+    def put_batcher(self, batcher: str) -> Message:
         self.batcher = batcher
         return self
 
-    def put_batch_key(self, key: Any) -> "Message":
+    def put_batch_key(self, key: Any) -> Message:
         self.batch_key = key
         return self
 
-    def put_data(self, data: Any) -> "Message":
+    def put_data(self, data: Any) -> Message:
         self.data = data
         return self
 
-    def update_data(self, fn: Callable[[Any], Any]) -> "Message":
+    def update_data(self, fn: Callable[[Any], Any]) -> Message:
         self.data = fn(self.data)
         return self
 
-    def failed(self, reason: Any) -> "Message":
+    def failed(self, reason: Any) -> Message:
         self.status = str(reason)
         return self
 
@@ -74,7 +74,7 @@ class Message:
 class BatchInfo:
     """What ``handle_batch`` is told about its batch (Broadway's ``%BatchInfo{}``)."""
 
-    __slots__ = ("batcher", "batch_key", "size", "trigger", "partition")
+    __slots__ = ("batch_key", "batcher", "partition", "size", "trigger")
 
     def __init__(self, batcher: str, batch_key: Any, size: int, trigger: str, partition: int | None = None):
         self.batcher = batcher

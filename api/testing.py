@@ -16,7 +16,7 @@ from typing import Any, Iterable
 from .message import BatchInfo, Message
 from .pipeline import Pipeline
 
-__all__ = ["Result", "test_message", "test_messages", "test_batch"]
+__all__ = ["Result", "test_batch", "test_message", "test_messages"]
 
 
 @dataclass

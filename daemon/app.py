@@ -27,12 +27,10 @@ import time
 from typing import Any
 
 import psutil
-
 from offbroadway.supervision import Supervisor
 
+from . import control, metrics
 from . import topology as topo_mod
-from . import control
-from . import metrics
 from .hub import Hub
 from .notify import Notifier
 
@@ -78,7 +76,7 @@ class Daemon:
         rt = self.config.runtime
         kwargs: dict[str, Any] = {}
         if self.config.spark is not None:
-            from .spark import plan   # the Spark wiring; pyspark itself stays in the stages
+            from .spark import plan  # the Spark wiring; pyspark itself stays in the stages
 
             spark = plan(self.config.spark, runtime_dir=rt.dir, state_dir=rt.state_dir)
             kwargs.update(spark_child=spark.child, batch_processor_env=spark.batch_processor_env,
@@ -234,7 +232,7 @@ class Daemon:
             self._progress.clear()
             try:
                 await asyncio.wait_for(self._progress.wait(), min(remaining, 0.5))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         return True
 

@@ -148,7 +148,7 @@ class _Table:
                 raise ConfigError(f"{self.key(name)}: {problem} (got {value!r})")
         return value
 
-    def table(self, name: str, required: bool = False) -> "_Table":
+    def table(self, name: str, required: bool = False) -> _Table:
         self.seen.add(name)
         if name not in self.raw:
             if required:

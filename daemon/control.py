@@ -39,7 +39,7 @@ async def serve(path: str, handler: Handler) -> asyncio.AbstractServer:
                 reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
             writer.write(json.dumps(reply).encode() + b"\n")
             await writer.drain()
-        except (asyncio.TimeoutError, ConnectionError):
+        except (TimeoutError, ConnectionError):
             pass
         finally:
             writer.close()

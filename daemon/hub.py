@@ -14,7 +14,6 @@ from typing import Callable
 
 import zmq
 import zmq.asyncio
-
 from offbroadway.stages import protocol
 from offbroadway.stages.spec import HUB, endpoint
 

@@ -16,7 +16,6 @@ import shutil
 from typing import Callable, Iterator
 
 import psutil
-
 from offbroadway.stages.metrics import MULTIPROC_ENV
 
 log = logging.getLogger("offbroadway.daemon.metrics")

@@ -28,7 +28,11 @@ from typing import Any, Callable
 
 from offbroadway.stages.spec import STAGE_ENV, StageSpec
 from offbroadway.supervision.spec import (
-    INFINITY, Restart, Strategy, SupervisorSpec, WorkerSpec,
+    INFINITY,
+    Restart,
+    Strategy,
+    SupervisorSpec,
+    WorkerSpec,
 )
 
 WORKER_ARGV = (sys.executable, "-m", "offbroadway.stages.worker")

@@ -9,10 +9,10 @@ to the handler's ``handle_failed`` first, as Broadway does.
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import zmq
-
 from offbroadway import Message, Pipeline
 
 from . import callbacks, protocol

@@ -14,7 +14,6 @@ import time
 from typing import Any
 
 import zmq
-
 from offbroadway import BatchInfo
 from offbroadway.supervision import child
 

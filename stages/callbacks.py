@@ -8,7 +8,8 @@ nothing here ever raises because of user code.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from offbroadway import BatchInfo, Message, Pipeline
 

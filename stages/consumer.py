@@ -12,7 +12,7 @@ flushes (``on_upstream_done``).  An upstream that restarted (it answers an ask w
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import zmq
 
@@ -20,7 +20,7 @@ from . import protocol
 
 
 class Upstream:
-    __slots__ = ("stage_id", "sock", "consumed", "done", "partition")
+    __slots__ = ("consumed", "done", "partition", "sock", "stage_id")
 
     def __init__(self, stage_id: str, sock: zmq.Socket, partition) -> None:
         self.stage_id = stage_id

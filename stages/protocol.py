@@ -33,10 +33,10 @@ REPORT         stage → daemon        name, body (dict): ``stats``, ``idle``, `
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import msgpack
-
 from offbroadway import Message
 
 VERSION = 1

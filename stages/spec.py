@@ -54,7 +54,7 @@ class StageSpec:
         return json.dumps(asdict(self), separators=(",", ":"))
 
     @classmethod
-    def from_env(cls, environ: os._Environ | dict | None = None) -> "StageSpec":
+    def from_env(cls, environ: os._Environ | dict | None = None) -> StageSpec:
         raw: dict[str, Any] = json.loads((environ or os.environ)[STAGE_ENV])
         for key in ("upstream", "producers", "batchers"):
             raw[key] = tuple(raw.get(key, ()))

@@ -18,10 +18,10 @@ import logging
 import os
 import signal
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import zmq
-
 from offbroadway import Pipeline
 from offbroadway.supervision import child
 

@@ -45,8 +45,8 @@ test_env.__test__ = False  # type: ignore[attr-defined]
 @pytest.fixture
 def short_tmp():
     """A short directory for runtime dirs: unix socket paths are limited to 107 bytes."""
-    import tempfile
     import shutil
+    import tempfile
 
     d = tempfile.mkdtemp(prefix="ob-", dir="/tmp")
     os.chmod(d, 0o700)

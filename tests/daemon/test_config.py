@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 
 import pytest
-
 from offbroadway.daemon.config import ConfigError, parse_size, validate
 
 BASE = {
