@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 import psutil
+from offbroadway.stages import logs
 from offbroadway.supervision import Supervisor
 
 from . import control, metrics
@@ -84,7 +85,8 @@ class Daemon:
         self.topology = topo_mod.build(self.config, stage_env=self._stage_env, **kwargs)
 
     def _stage_env(self, stage_id: str) -> dict[str, str]:
-        return {"OFFBROADWAY_LOG_LEVEL": self.config.runtime.log_level}
+        return {logs.LEVEL_ENV: self.config.runtime.log_level,
+                logs.FORMAT_ENV: self.config.runtime.log_format}
 
     def on_report(self, stage_id: str, name: str, body: dict) -> None:
         if name == "stats":
@@ -249,7 +251,8 @@ class Daemon:
             if self.root.find(child_id) is None and child_id != "terminator":
                 return {"ok": False, "error": f"no child with id {child_id!r}"}
             if child_id == "terminator":
-                return {"ok": False, "error": "terminator runs inside the daemon; nothing to restart"}
+                return {"ok": False,
+                        "error": "terminator runs inside the daemon; nothing to restart"}
             await self.root.restart_subtree_or_child(child_id)
             return {"ok": True}
         if cmd == "drain":

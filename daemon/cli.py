@@ -10,20 +10,11 @@ import os
 import sys
 from typing import Any
 
+from offbroadway.stages.logs import configure as configure_logging
+
 from . import control
 
 EXIT_CONFIG = 2
-
-
-def _setup_logging(level: str = "info", fmt: str = "text") -> None:
-    if fmt == "json":
-        from .logs import JsonFormatter
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(JsonFormatter())
-        logging.basicConfig(level=level.upper(), handlers=[handler])
-    else:
-        logging.basicConfig(level=level.upper(), stream=sys.stderr,
-                            format="%(asctime)s %(levelname)s [daemon] %(name)s: %(message)s")
 
 
 def _load(path: str, *, handler: bool = False):
@@ -53,7 +44,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     config = _load(args.config, handler=True)
-    _setup_logging(config.runtime.log_level, config.runtime.log_format)
+    configure_logging(config.runtime.log_level, config.runtime.log_format, "daemon")
     from .app import Daemon, RuntimeDirError
 
     try:
@@ -93,6 +84,17 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _out_counts(node: dict, into: dict[str, int] | None = None) -> dict[str, int]:
+    """Stage id → messages out, over the whole tree."""
+    into = {} if into is None else into
+    out = node.get("messages", {}).get("out")
+    if isinstance(out, int):
+        into[node["id"]] = out
+    for child in node.get("children", []):
+        _out_counts(child, into)
+    return into
+
+
 def cmd_top(args: argparse.Namespace) -> int:
     """A live view: the tree every ``--interval`` seconds, with per-stage output rates."""
     import time
@@ -105,17 +107,7 @@ def cmd_top(args: argparse.Namespace) -> int:
             status = _call(args, {"cmd": "status"})["status"]
             now = time.monotonic()
             rates: dict[str, float] = {}
-            counts: dict[str, int] = {}
-
-            def walk(node: dict) -> None:
-                out = node.get("messages", {}).get("out")
-                if isinstance(out, int):
-                    counts[node["id"]] = out
-                for child in node.get("children", []):
-                    walk(child)
-
-            walk(status["tree"])
-            for sid, out in counts.items():
+            for sid, out in _out_counts(status["tree"]).items():
                 if sid in previous and now > previous[sid][0]:
                     rates[sid] = max(0, out - previous[sid][1]) / (now - previous[sid][0])
                 previous[sid] = (now, out)

@@ -159,8 +159,8 @@ class _Table:
     def done(self) -> None:
         unknown = sorted(set(self.raw) - self.seen)
         if unknown:
-            raise ConfigError(f"{self.key(unknown[0])}: unknown key"
-                              + (f" (also unknown: {', '.join(unknown[1:])})" if unknown[1:] else ""))
+            also = f" (also unknown: {', '.join(unknown[1:])})" if unknown[1:] else ""
+            raise ConfigError(f"{self.key(unknown[0])}: unknown key{also}")
 
 
 def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:

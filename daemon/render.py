@@ -13,7 +13,8 @@ def render_tree(status: dict, rates: dict[str, float] | None = None) -> str:
     lines = [f"pipeline {status['pipeline']}"
              + ("  [draining]" if status.get("draining") else "")
              + ("  [paused]" if status.get("paused") else "")]
-    header = f"{'id':44} {'pid':>7} {'state':10} {'restarts':>8} {'rss':>7} {'cpu s':>7} {'in':>9} {'out':>9}"
+    header = (f"{'id':44} {'pid':>7} {'state':10} {'restarts':>8} {'rss':>7} {'cpu s':>7} "
+              f"{'in':>9} {'out':>9}")
     if rates is not None:
         header += f" {'out/s':>9}"
     lines.append(header)

@@ -6,10 +6,10 @@ stage runtime's own (zmq, msgpack), since restart latency is start-up time.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
+from . import logs
 from .spec import StageSpec
 
 
@@ -25,10 +25,8 @@ def _roles() -> dict:
 
 def main() -> int:
     spec = StageSpec.from_env()
-    logging.basicConfig(
-        level=os.environ.get("OFFBROADWAY_LOG_LEVEL", "INFO").upper(),
-        format=f"%(asctime)s %(levelname)s [{spec.id}] %(name)s: %(message)s",
-        stream=sys.stderr)
+    logs.configure(os.environ.get(logs.LEVEL_ENV, "info"),
+                   os.environ.get(logs.FORMAT_ENV, "text"), spec.id)
     stage = _roles()[spec.role](spec)
     return stage.run()
 
