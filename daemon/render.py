@@ -13,7 +13,7 @@ def render_tree(status: dict, rates: dict[str, float] | None = None) -> str:
     lines = [f"pipeline {status['pipeline']}"
              + ("  [draining]" if status.get("draining") else "")
              + ("  [paused]" if status.get("paused") else "")]
-    header = (f"{'id':44} {'pid':>7} {'state':10} {'restarts':>8} {'rss':>7} {'cpu s':>7} "
+    header = (f"{'id':52} {'pid':>7} {'state':10} {'restarts':>8} {'rss':>7} {'cpu s':>7} "
               f"{'in':>9} {'out':>9}")
     if rates is not None:
         header += f" {'out/s':>9}"
@@ -25,7 +25,7 @@ def render_tree(status: dict, rates: dict[str, float] | None = None) -> str:
             label += f" ({node.get('strategy')})"
         msgs = node.get("messages", {})
         cpu = node.get("cpu_seconds")
-        line = (f"{label:44} {node.get('pid') or '-':>7} {node['state']:10} "
+        line = (f"{label:52} {node.get('pid') or '-':>7} {node['state']:10} "
                 f"{node.get('restarts', 0):>8} {_mib(node.get('rss_bytes'))} "
                 f"{(f'{cpu:7.1f}' if cpu is not None else '      -')} "
                 f"{msgs.get('in', ''):>9} {msgs.get('out', ''):>9}")
