@@ -1,0 +1,69 @@
+"""Source registry: ``[producer] source = NAME`` → the class that implements it.
+
+Sources are registered by module path, not imported here, because a source's module pulls
+in its client library (pika, redis): only a producer that uses RabbitMQ should pay for
+importing pika, and a machine without the ``brokers`` extra must still run the spool.
+``get_source`` imports the one module asked for.
+
+Besides the built-in names, ``source = "package.module:ClassName"`` loads a user's own
+:class:`~.base.Source` subclass, the same way ``pipeline.handler`` names the handler.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .base import Failure, Item, Source, SourceOptionError
+
+__all__ = ["Failure", "Item", "Source", "SourceOptionError", "UnknownSourceError", "get_source",
+           "known_sources"]
+
+# name → "module (relative to this package):ClassName"
+_REGISTRY: dict[str, str] = {
+    "generator": ".generator:GeneratorSource",
+    "spool": ".spool:SpoolSource",
+    "rabbitmq": ".rabbitmq:RabbitMQSource",
+    "redis": ".redis_streams:RedisStreamsSource",
+}
+
+
+class UnknownSourceError(ValueError):
+    """The configured source name is neither registered nor a ``module:Class`` path."""
+
+
+def known_sources() -> list[str]:
+    """The registered source names, sorted (for error messages and ``check``)."""
+    return sorted(_REGISTRY)
+
+
+def get_source(name: str) -> type[Source]:
+    """Import and return the source class registered as ``name`` (or at ``module:Class``).
+
+    Raises :class:`UnknownSourceError` listing the known names for a name that is neither,
+    and ``ImportError`` saying which extra to install when a registered source's module (or
+    its client library) cannot be imported.
+    """
+    if not isinstance(name, str) or not name:
+        raise UnknownSourceError(f"source must be a non-empty name; known sources: "
+                                 f"{', '.join(known_sources())}")
+    target = _REGISTRY.get(name)
+    if target is None:
+        if ":" not in name:
+            raise UnknownSourceError(
+                f"unknown source {name!r}; known sources: {', '.join(known_sources())} "
+                f"(or 'package.module:ClassName' for your own)")
+        target = name
+    module_name, _, class_name = target.partition(":")
+    try:
+        if module_name.startswith("."):
+            module = importlib.import_module(module_name, __name__)
+        else:
+            module = importlib.import_module(module_name)
+    except ImportError as exc:
+        hint = " (install offbroadway[brokers])" if name in ("rabbitmq", "redis") else ""
+        raise ImportError(f"source {name!r} cannot be loaded: {exc}{hint}") from exc
+    cls = getattr(module, class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Source)):
+        raise UnknownSourceError(f"source {name!r}: {module_name}:{class_name} is not a "
+                                 f"subclass of offbroadway.stages.sources.base.Source")
+    return cls

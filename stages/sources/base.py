@@ -1,0 +1,199 @@
+"""The contract between a producer stage and the thing it draws messages from.
+
+A producer stage owns exactly one source.  It never interprets a message: it asks the source
+for at most as many messages as its consumers demanded, keeps the source's opaque *handle*
+for each one in its in-flight table, and later hands those handles back through exactly one
+of ``ack`` (written downstream), ``fail`` (failed; the source applies its failure policy) or
+``requeue`` (a stage downstream died, so the message must be delivered again).  That split
+is what makes "nothing lost" a property of the source alone: a source that only forgets a
+message on ``ack`` or after applying its failure policy in ``fail`` loses nothing however
+the stages around it crash.
+
+Two kinds of source fit this shape (GenStage's push and pull producers):
+
+* pull sources (spool, generator) return ``None`` from :meth:`Source.fileno`; the producer
+  calls :meth:`Source.fetch` whenever there is demand, and when a fetch comes back short it
+  polls again after :meth:`Source.retry_after` seconds;
+* push sources (a broker consumer) return a file descriptor that becomes readable when
+  messages arrived; the producer's poller watches it and then calls ``fetch``.  Such a
+  source buffers at most what the producer may hold and stops the broker beyond that
+  (``pause``/``resume``), so back-pressure reaches the broker.
+
+Everything a source returns travels over msgpack, so ``data`` and ``metadata`` must be
+made of str/bytes/int/float/bool/None/list/dict.  A message the source already knows is
+broken (a spool line that is not JSON) is still returned, with ``metadata["error"]`` naming
+the problem: it then takes the ordinary failure path (``handle_failed``, then ``fail``)
+instead of disappearing silently inside the source.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+# (message id, data, metadata, handle).  The handle never leaves the producer process, so it
+# may be any Python object that is cheap to keep: an int, a tuple, a record.
+Item = tuple[str, Any, dict, Any]
+# (handle, reason) as given to Source.fail
+Failure = tuple[Any, str]
+
+
+class Source(abc.ABC):
+    """Base class of every source; subclasses implement fetch/ack/fail/requeue/exhausted.
+
+    Constructed once per producer process with the ``[producer.options]`` table of the config
+    and the producer's place in the topology.  The constructor only validates and stores
+    options (so ``offbroadway check`` can build one cheaply); connections, files and other
+    resources are acquired in :meth:`open` and released in :meth:`close`.
+
+    ``producer_index``/``producer_count`` let sources with several producers split the work
+    deterministically (no message handed to two producers); ``state_dir`` is the daemon's
+    private, persistent directory for a source that must remember something across restarts.
+    """
+
+    #: the name the source is registered under (``[producer] source = ...``)
+    name: str = ""
+    #: option names the source accepts; others are rejected with an error naming them.
+    #: ``None`` disables the check (for sources that pass options through to a client).
+    known_options: frozenset[str] | None = frozenset()
+
+    def __init__(self, options: Mapping[str, Any], *, pipeline: str = "", producer_index: int = 0,
+                 producer_count: int = 1, state_dir: str = "") -> None:
+        if producer_count < 1 or not 0 <= producer_index < producer_count:
+            raise ValueError(f"{self.name or type(self).__name__}: producer_index "
+                             f"{producer_index} is not within producer_count {producer_count}")
+        self.options: dict[str, Any] = dict(options or {})
+        self.pipeline = pipeline
+        self.producer_index = producer_index
+        self.producer_count = producer_count
+        self.state_dir = state_dir
+        self.validate_options(self.options)
+
+    @classmethod
+    def validate_options(cls, options: Mapping[str, Any]) -> None:
+        """Raise :class:`SourceOptionError` (a ``ValueError``) naming the option if
+        ``options`` cannot work.
+
+        A classmethod so the config checker can validate without constructing the source.
+        The base implementation rejects unknown option names; subclasses extend it.
+        """
+        if cls.known_options is not None:
+            check_known_options(cls.name or cls.__name__, options, cls.known_options)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def open(self) -> None:
+        """Acquire resources (files, connections).  Called once, before the first fetch."""
+
+    def close(self) -> None:
+        """Release resources.  Unsettled messages stay owed and are delivered again later."""
+
+    def fileno(self) -> int | None:
+        """Push sources: an fd that is readable when messages wait.  Pull sources: ``None``."""
+        return None
+
+    # -- the message flow ---------------------------------------------------------------------
+    @abc.abstractmethod
+    def fetch(self, n: int) -> list[Item]:
+        """Return at most ``n`` messages (possibly none); requeued messages come first."""
+
+    @abc.abstractmethod
+    def ack(self, handles: list[Any]) -> None:
+        """These messages are done for good: forget them (durably, if the source persists)."""
+
+    @abc.abstractmethod
+    def fail(self, failures: list[Failure]) -> None:
+        """These messages failed after ``handle_failed``: apply the failure policy.
+
+        Whatever the policy (reject, dead-letter, requeue at the broker), once this returns
+        the messages are settled as far as the producer is concerned.
+        """
+
+    @abc.abstractmethod
+    def requeue(self, handles: list[Any]) -> None:
+        """Hand these back for redelivery: a stage downstream died holding them."""
+
+    @abc.abstractmethod
+    def exhausted(self) -> bool:
+        """True when there is nothing more to give right now and nothing requeued waits.
+
+        ``--until-idle`` drains the pipeline once every producer's source is exhausted and
+        nothing is in flight, so a source must not claim this while it could still deliver.
+        """
+
+    def retry_after(self) -> float:
+        """Seconds until a pull source is worth polling again after a short fetch."""
+        return 0.1
+
+    def pause(self) -> None:
+        """Stop taking in messages (drain, or an operator's pause); fetch is not called."""
+
+    def resume(self) -> None:
+        """Undo :meth:`pause`."""
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for ``status`` and metrics: at least fetched, acked, failed, requeued,
+        and ``unacked`` (messages this source still owes: delivered but not settled)."""
+        return {"source": self.name}
+
+
+# -- option helpers, shared by every source so errors read the same everywhere ---------------
+
+class SourceOptionError(ValueError):
+    """A ``[producer.options]`` entry is wrong; ``option`` names it for the config checker."""
+
+    def __init__(self, message: str, option: str | None = None) -> None:
+        super().__init__(message)
+        self.option = option
+
+
+def check_known_options(source: str, options: Mapping[str, Any], known: Iterable[str]) -> None:
+    """Reject option names the source does not know: a typo must not silently do nothing."""
+    known = frozenset(known)
+    unknown = sorted(set(options) - known)
+    if unknown:
+        listed = ", ".join(sorted(known)) or "none"
+        raise SourceOptionError(f"{source} source: unknown option {unknown[0]!r} "
+                                f"(known options: {listed})", unknown[0])
+
+
+def option_int(source: str, options: Mapping[str, Any], key: str, default: int | None, *,
+               minimum: int | None = None) -> int | None:
+    """An optional integer option; bools are refused although Python counts them as ints."""
+    value = options.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SourceOptionError(f"{source} source: option {key!r} must be an integer, "
+                                f"got {value!r}", key)
+    if minimum is not None and value < minimum:
+        raise SourceOptionError(f"{source} source: option {key!r} must be >= {minimum}, "
+                                f"got {value}", key)
+    return value
+
+
+def option_float(source: str, options: Mapping[str, Any], key: str, default: float, *,
+                 minimum: float = 0.0) -> float:
+    """A number option (int or float in TOML); must be at least ``minimum``."""
+    value = options.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SourceOptionError(f"{source} source: option {key!r} must be a number, "
+                                f"got {value!r}", key)
+    if value < minimum:
+        raise SourceOptionError(f"{source} source: option {key!r} must be >= {minimum}, "
+                                f"got {value}", key)
+    return float(value)
+
+
+def option_str(source: str, options: Mapping[str, Any], key: str, default: str | None, *,
+               required: bool = False) -> str | None:
+    """A string option; ``required`` makes its absence an error that names it."""
+    if key not in options:
+        if required:
+            raise SourceOptionError(f"{source} source: option {key!r} is required", key)
+        return default
+    value = options[key]
+    if not isinstance(value, str) or not value:
+        raise SourceOptionError(f"{source} source: option {key!r} must be a non-empty "
+                                f"string, got {value!r}", key)
+    return value
