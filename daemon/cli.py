@@ -18,12 +18,16 @@ EXIT_CONFIG = 2
 
 
 def _load(path: str, *, handler: bool = False):
-    """The validated config, or exit 2 naming the key at fault (the contract of ``check``)."""
-    from .config import ConfigError, check_handler, load_config
+    """The validated config, or exit 2 naming the key at fault (the contract of ``check``).
+
+    With ``handler``, the source's options and the handler import are checked too.
+    """
+    from .config import ConfigError, check_handler, check_source, load_config
 
     try:
         loaded = load_config(path)
         if handler:
+            check_source(loaded.config)
             check_handler(loaded.config)
     except ConfigError as exc:
         print(f"offbroadway: invalid config {path}: {exc}", file=sys.stderr)

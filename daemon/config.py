@@ -420,6 +420,20 @@ def load_config(path: str) -> Loaded:
     return validate(raw, os.path.abspath(path))
 
 
+def check_source(config: Config) -> None:
+    """Let the source validate its options, so ``check`` names ``producer.options.<key>``."""
+    from offbroadway.stages.sources import get_source
+    from offbroadway.stages.sources.base import SourceOptionError
+
+    try:
+        get_source(config.producer.source).validate_options(config.producer.options)
+    except SourceOptionError as exc:
+        key = f"producer.options.{exc.option}" if exc.option else "producer.options"
+        raise ConfigError(f"{key}: {exc}") from None
+    except ImportError as exc:
+        raise ConfigError(f"producer.source: {exc}") from None
+
+
 def check_handler(config: Config) -> None:
     """Import ``pipeline.handler`` the way a stage will, so ``check`` catches a typo."""
     import importlib

@@ -45,7 +45,8 @@ class BatchProcessorStage(Stage):
             self.register(sock, self._on_producer)
         self.acker = Acker(socks, self.handler, self.context, self.counters)
         sock = self.dealer(self.spec.upstream[0])
-        self.subs.add(self.spec.upstream[0], sock, self.spec.index if self.spec.partition_by else None)
+        partition = self.spec.index if self.spec.partition_by else None
+        self.subs.add(self.spec.upstream[0], sock, partition)
         self.register(sock, self._on_upstream)
 
     def _on_producer(self, sock: zmq.Socket) -> None:

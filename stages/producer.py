@@ -54,6 +54,8 @@ class ProducerStage(Stage):
             self.dispatcher = SpreadDispatcher(offset=spec.index)
         self.inflight: InFlightTable = InFlightTable()
         self.buffer: list[list] = []
+        self._acks: list = []
+        self._fails: list = []
         self.next_token = time.time_ns()
         self.draining = False
         self.paused = False
@@ -65,7 +67,7 @@ class ProducerStage(Stage):
     # -- lifecycle ------------------------------------------------------------------------------
     def setup(self) -> None:
         self.source.open()
-        self.downstream = Downstream(self, self.dispatcher, self._on_frame, self.pump)
+        self.downstream = Downstream(self, self.dispatcher, self._on_frame, self._on_burst)
         fd = self.source.fileno()
         if fd is not None:
             self.register_fd(fd, self.pump)
@@ -87,7 +89,16 @@ class ProducerStage(Stage):
     # -- frames from consumers ------------------------------------------------------------------
     def _on_frame(self, peer: bytes, msg: list) -> None:
         if msg[0] == protocol.ACK:
-            self._settle(msg[1], msg[2])
+            # settled once per burst of frames: the source's durable write (an fsync for
+            # the spool) is per call, so one call for many frames
+            self._acks.extend(msg[1])
+            self._fails.extend(msg[2])
+
+    def _on_burst(self) -> None:
+        if self._acks or self._fails:
+            self._settle(self._acks, self._fails)
+            self._acks, self._fails = [], []
+        self.pump()
 
     def _settle(self, ok: list, failed: list) -> None:
         handles, failures = self.inflight.settle(ok, failed)

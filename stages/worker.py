@@ -6,6 +6,7 @@ stage runtime's own (zmq, msgpack), since restart latency is start-up time.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -28,6 +29,9 @@ def main() -> int:
     logs.configure(os.environ.get(logs.LEVEL_ENV, "info"),
                    os.environ.get(logs.FORMAT_ENV, "text"), spec.id)
     stage = _roles()[spec.role](spec)
+    # Everything imported and built so far lives as long as the process: keep it out of
+    # the collector's generations, which otherwise rescan it on the hot path.
+    gc.freeze()
     return stage.run()
 
 

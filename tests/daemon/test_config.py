@@ -102,3 +102,11 @@ def test_warnings_explain_pitfalls() -> None:
     raw["producer"]["options"] = {"prefetch_count": 5}
     warnings = validate(raw).warnings
     assert any("prefetch_count" in w and "starve" in w for w in warnings)
+
+
+def test_source_options_are_checked_by_the_source() -> None:
+    from offbroadway.daemon.config import check_source
+
+    config = validate(with_("producer.options", {"path": "var/spool", "patern": "*.x"})).config
+    with pytest.raises(ConfigError, match=r"^producer\.options\.patern"):
+        check_source(config)
