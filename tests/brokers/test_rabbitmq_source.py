@@ -1,0 +1,284 @@
+"""The rabbitmq source in-process against the real RabbitMQ: every message acked exactly
+once, failure policies, requeue, pause, broker-side connection loss, two consumers."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+from offbroadway.stages.sources.rabbitmq import RabbitMQSource, mask_url, parse_options
+
+from tests.brokers.conftest import (
+    AMQP_URL,
+    Rabbit,
+    TcpProxy,
+    consume,
+    consume_until,
+    unique,
+)
+from tests.conftest import wait_until
+
+pytestmark = pytest.mark.broker
+
+
+def make(queue: str, sources: Any, pipeline: str | None = None, **options: Any) -> Any:
+    opts = {"url": AMQP_URL, "queue": queue, **options}
+    src = RabbitMQSource(opts, pipeline=pipeline or unique("p"), producer_index=0,
+                         producer_count=1)
+    sources(src)
+    src.open()
+    return src
+
+
+def ack_all(src: Any, seen: Counter | None = None) -> Any:
+    def on_items(items: list) -> None:
+        if seen is not None:
+            seen.update(msg_id for msg_id, *_ in items)
+        src.ack([h for *_, h in items])
+    return on_items
+
+
+def settled(src: Any) -> bool:
+    s = src.stats()
+    return s["unacked"] == 0 and s["buffered"] == 0
+
+
+# -- options, without a broker round trip -------------------------------------------------
+def test_options_defaults_and_errors() -> None:
+    s = parse_options({"queue": "q"})
+    assert (s.prefetch_count, s.prefetch_auto, s.on_failure, s.declare) == (50, True,
+                                                                            "reject", False)
+    assert parse_options({"queue": "q", "auto_prefetch": 120}).prefetch_count == 120
+    assert parse_options({"queue": "q", "prefetch_count": 7,
+                          "auto_prefetch": 120}).prefetch_count == 7
+    d = parse_options({"queue": "q", "declare": {"x-dead-letter-exchange": "dlx",
+                                                 "durable": False}})
+    assert d.declare and not d.durable and d.queue_arguments == {"x-dead-letter-exchange": "dlx"}
+    for bad, key in [({}, "queue"), ({"queue": "q", "prefetch_count": 0}, "prefetch_count"),
+                     ({"queue": "q", "on_failure": "drop"}, "on_failure"),
+                     ({"queue": "q", "bindings": [{"routing_key": "x"}]}, "bindings[0]"),
+                     ({"queue": "q", "url": "http://x"}, "url"),
+                     ({"queue": "q", "prefetch": 5}, "prefetch")]:
+        with pytest.raises(ValueError, match=key.replace("[", r"\[")):
+            RabbitMQSource.validate_options(bad)
+    assert mask_url("amqp://guest:secret@h:5672/%2F") == "amqp://guest:***@h:5672/%2F"
+
+
+def test_missing_queue_fails_at_open(sources: Any) -> None:
+    with pytest.raises(RuntimeError, match="NOT_FOUND") as info:
+        make(unique("absent"), sources, url="amqp://guest:guest@127.0.0.1:5672/%2F")
+    assert "guest:***@" in str(info.value)
+
+
+# -- the 10,000 message run -----------------------------------------------------------------
+def test_ten_thousand_fetched_and_acked_once(rabbit: Rabbit, sources: Any) -> None:
+    q = rabbit.queue()
+    ids = rabbit.publish(q, 10_000)
+    src = make(q, sources, prefetch_count=500)
+    seen: Counter = Counter()
+    bodies = set()
+
+    def on_items(items: list) -> None:
+        for msg_id, data, meta, _h in items:
+            assert isinstance(data, bytes) and meta["routing_key"] == q
+            assert meta["headers"]["i"] == int(data) and meta["message_id"] == msg_id
+            bodies.add(data)
+        ack_all(src, seen)(items)
+
+    consume(src, 10_000, on_items, batch=250)
+    assert set(seen) == set(ids) and max(seen.values()) == 1 and len(bodies) == 10_000
+    wait_until(lambda: settled(src), timeout=20, message="every ack sent")
+    wait_until(src.exhausted, timeout=20, message="exhausted() after the last ack")
+    stats = src.stats()
+    assert stats["acked"] == 10_000 and stats["fetched"] == 10_000 and stats["stale"] == 0
+    src.close()
+    # the broker agrees: nothing ready, nothing unacked came back at close
+    assert rabbit.ready(q) == 0
+    assert rabbit.take_all(q) == []
+
+
+def test_exhausted_flips_back_when_a_message_arrives(rabbit: Rabbit, sources: Any) -> None:
+    q = rabbit.queue()
+    src = make(q, sources)
+    wait_until(src.exhausted, timeout=20, message="empty queue seen as exhausted")
+    rabbit.publish(q, 1)
+    wait_until(lambda: not src.exhausted(), timeout=20, message="not exhausted")
+    consume(src, 1, ack_all(src))
+    wait_until(src.exhausted, timeout=20, message="exhausted again")
+
+
+# -- failure policies -----------------------------------------------------------------------
+@pytest.mark.parametrize("policy", ["reject", "reject_and_requeue_once", "requeue"])
+def test_failure_policies(rabbit: Rabbit, sources: Any, policy: str) -> None:
+    q = rabbit.queue(dlx=True)
+    ids = rabbit.publish(q, 200)
+    failing = {f"m{i}" for i in range(0, 200, 7)}
+    src = make(q, sources, on_failure=policy, prefetch_count=50)
+    deliveries: Counter = Counter()
+    redelivered: Counter = Counter()
+    fail_each_time = policy != "requeue"
+
+    def on_items(items: list) -> None:
+        ok, bad = [], []
+        for msg_id, _data, meta, h in items:
+            deliveries[msg_id] += 1
+            redelivered[msg_id] += meta["redelivered"]
+            # "requeue" fails the first delivery only, so it ends acked
+            if msg_id in failing and (fail_each_time or deliveries[msg_id] == 1):
+                bad.append((h, "handler failed"))
+            else:
+                ok.append(h)
+        src.ack(ok)
+        src.fail(bad)
+
+    expected = {"reject": 200, "reject_and_requeue_once": 200 + len(failing),
+                "requeue": 200 + len(failing)}[policy]
+    consume(src, expected, on_items, batch=20)
+    wait_until(lambda: settled(src), timeout=20, message="settled")
+    src.close()
+    dead = rabbit.take_all(f"{q}.dlq")
+    assert rabbit.ready(q) == 0 and set(deliveries) == set(ids)
+    if policy == "requeue":
+        assert dead == []
+        assert all(deliveries[m] == 2 and redelivered[m] == 1 for m in failing)
+    else:
+        assert sorted(dead) == sorted(failing)          # exactly those, each once
+        twice = policy == "reject_and_requeue_once"
+        assert all(deliveries[m] == (2 if twice else 1) for m in failing)
+    assert all(deliveries[m] == 1 for m in set(ids) - failing)
+
+
+def test_requeue_redelivers(rabbit: Rabbit, sources: Any) -> None:
+    q = rabbit.queue()
+    ids = rabbit.publish(q, 30)
+    src = make(q, sources, prefetch_count=10)
+    first: list = []
+    consume(src, 10, first.extend)
+    src.requeue([h for *_, h in first])
+    seen: Counter = Counter(m for m, *_ in first)
+    again: list = []
+
+    def on_items(items: list) -> None:
+        again.extend(items)
+        ack_all(src, seen)(items)
+
+    consume(src, 30, on_items)
+    assert set(seen) == set(ids)
+    back = {m for m, _d, meta, _h in again if meta["redelivered"]}
+    assert back == {m for m, *_ in first}
+    wait_until(lambda: settled(src), timeout=20, message="settled")
+    assert src.stats()["requeued"] == 10
+    src.close()
+    assert rabbit.ready(q) == 0
+
+
+def test_pause_hands_buffered_back_and_resume_continues(rabbit: Rabbit,
+                                                       sources: Any) -> None:
+    q = rabbit.queue()
+    ids = rabbit.publish(q, 100)
+    src = make(q, sources, prefetch_count=20)
+    wait_until(lambda: src.stats()["buffered"] == 20, timeout=20, message="window filled")
+    src.pause()
+    wait_until(lambda: src.stats()["returned"] == 20 and src.stats()["buffered"] == 0,
+               timeout=20, message="buffered deliveries returned")
+    wait_until(lambda: rabbit.ready(q) == 100, timeout=20, message="all ready again")
+    assert src.fetch(10) == []
+    src.resume()
+    seen: Counter = Counter()
+    consume(src, 100, ack_all(src, seen))
+    assert set(seen) == set(ids)
+
+
+# -- connection loss ------------------------------------------------------------------------
+def test_broker_closes_the_connection(rabbit: Rabbit, sources: Any) -> None:
+    q = rabbit.queue()
+    ids = rabbit.publish(q, 2000)
+    pipeline = unique("loss")
+    src = make(q, sources, pipeline=pipeline, prefetch_count=100, backoff_min=0.05,
+               backoff_max=0.5)
+    seen: Counter = Counter()
+    consume(src, 500, ack_all(src, seen))
+    wait_until(lambda: src.stats()["acked"] == 500, timeout=20, message="500 acks sent")
+    held: list = []
+    consume(src, 50, held.extend)                    # in flight when the connection dies
+
+    rabbit.close_connection(f"offbroadway {pipeline} producer_0")
+    wait_until(lambda: src.stats()["reconnects"] == 1 and src.stats()["state"] == "connected",
+               timeout=30, message="reconnected")
+    assert src.stats()["last_error"]
+    src.ack([h for *_, h in held])                  # from the dead connection: never sent
+    wait_until(lambda: src.stats()["stale"] >= 50, timeout=20, message="stale acks dropped")
+
+    redelivered: set = set()
+
+    def on_items(items: list) -> None:
+        redelivered.update(m for m, _d, meta, _h in items if meta["redelivered"])
+        ack_all(src, seen)(items)
+
+    consume_until(src, lambda: set(seen) >= set(ids) and settled(src) and src.exhausted(),
+                  on_items, timeout=60)
+    assert {m for m, *_ in held} <= redelivered       # the broker gave them back
+    assert src.stats()["reconnects"] == 1             # no channel error (double ack) since
+    src.close()
+    assert rabbit.ready(q) == 0 and rabbit.take_all(q) == []
+
+
+# -- horizontal scale -----------------------------------------------------------------------
+def test_two_consumers_split_the_queue(rabbit: Rabbit, sources: Any) -> None:
+    q = rabbit.queue()
+    ids = rabbit.publish(q, 2000)
+    a = make(q, sources, prefetch_count=50)
+    b = make(q, sources, prefetch_count=50)
+    got: dict[str, Counter] = {"a": Counter(), "b": Counter()}
+    wait_until(lambda: a.stats()["buffered"] and b.stats()["buffered"], timeout=20,
+               message="both consumers have deliveries")
+
+    def total() -> int:
+        for key, src in (("a", a), ("b", b)):
+            items = src.fetch(25)
+            got[key].update(m for m, *_ in items)
+            src.ack([h for *_, h in items])
+        return sum(sum(c.values()) for c in got.values())
+
+    wait_until(lambda: total() >= 2000, timeout=60, interval=0.001,
+               message="2000 messages between the two")
+    assert not set(got["a"]) & set(got["b"])             # nobody handled one twice
+    assert set(got["a"]) | set(got["b"]) == set(ids)
+    assert max(got["a"].values()) == max(got["b"].values()) == 1
+    assert min(len(got["a"]), len(got["b"])) > 200       # both did real work
+
+
+def test_unreachable_at_start_then_network_drop(rabbit: Rabbit, sources: Any) -> None:
+    """The broker is unreachable when the daemon starts (open() must not fail, only
+    retry), then the network drops mid-run with deliveries in flight (no close frame at
+    all, unlike rabbitmqctl): both times the source reconnects and nothing is lost."""
+    q = rabbit.queue()
+    ids = rabbit.publish(q, 1000)
+    proxy = TcpProxy(5672)
+    proxy.down()
+    try:
+        src = make(q, sources, url=f"amqp://guest:guest@127.0.0.1:{proxy.port}/%2F",
+                   prefetch_count=100, backoff_min=0.02, backoff_max=0.2, connect_timeout=2)
+        assert src.stats()["state"] in ("reconnecting", "connecting")
+        assert src.fetch(10) == [] and not src.exhausted()
+        proxy.up()
+        seen: Counter = Counter()
+        consume(src, 400, ack_all(src, seen))
+        wait_until(lambda: src.stats()["acked"] == 400, timeout=20, message="acks sent")
+        held: list = []
+        consume(src, 50, held.extend)
+        proxy.down()
+        wait_until(lambda: src.stats()["state"] != "connected", timeout=20,
+                   message="the drop noticed")
+        proxy.up()
+        wait_until(lambda: src.stats()["state"] == "connected", timeout=30,
+                   message="reconnected through the proxy")
+        src.ack([h for *_, h in held])                # stale: never sent on the new channel
+        consume_until(src, lambda: set(seen) == set(ids) and settled(src) and src.exhausted(),
+                      ack_all(src, seen), timeout=60)
+        assert src.stats()["stale"] >= 50
+        src.close()
+        assert rabbit.ready(q) == 0
+    finally:
+        proxy.down()
