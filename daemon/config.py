@@ -427,8 +427,9 @@ def check_source(config: Config) -> None:
 
     try:
         get_source(config.producer.source).validate_options(config.producer.options)
-    except SourceOptionError as exc:
-        key = f"producer.options.{exc.option}" if exc.option else "producer.options"
+    except ValueError as exc:   # SourceOptionError names the option; others may not
+        option = exc.option if isinstance(exc, SourceOptionError) else None
+        key = f"producer.options.{option}" if option else "producer.options"
         raise ConfigError(f"{key}: {exc}") from None
     except ImportError as exc:
         raise ConfigError(f"producer.source: {exc}") from None

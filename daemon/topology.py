@@ -22,6 +22,7 @@ whole downstream restarts from a clean state while producers keep their sources 
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -39,6 +40,7 @@ WORKER_ARGV = (sys.executable, "-m", "offbroadway.stages.worker")
 SPARK_ARGV = (sys.executable, "-m", "offbroadway.stages.spark_server")
 SPARK_TOKEN_ENV = "OFFBROADWAY_SPARK_TOKEN"
 PROCESSOR_KEY = "default"
+AMQP_MAX_PREFETCH = 65535   # basic.qos prefetch_count is a 16-bit field
 
 
 @dataclass
@@ -61,6 +63,20 @@ class Topology:
     @property
     def stages(self) -> list[str]:
         return self.producers + self.processors + self.batchers + self.batch_processors
+
+
+def auto_prefetch(config: Any) -> int:
+    """Per-producer prefetch that never starves the topology (the seeds' pitfall).
+
+    Every processor can hold ``max_demand`` messages and every batcher a batch in the
+    making plus one per batch processor; whatever the broker holds back beyond what the
+    prefetch allows is demand that waits for nothing.  Split over the producers, rounded up.
+    """
+    proc = config.processors[PROCESSOR_KEY]
+    need = proc.concurrency * proc.max_demand + sum(
+        (b.batch_size if not b.batch_bytes else b.upstream_demand) * (1 + b.concurrency)
+        for b in config.batchers.values())
+    return min(AMQP_MAX_PREFETCH, max(1, math.ceil(need / config.producer.concurrency)))
 
 
 def build(config: Any, *, stage_env: Callable[[str], dict[str, str]] | None = None,
@@ -99,13 +115,16 @@ def build(config: Any, *, stage_env: Callable[[str], dict[str, str]] | None = No
                           memory_limit=memory, meta={"role": spec.role})
 
     batcher_keys = tuple(config.batchers)
+    source_options = dict(config.producer.options)
+    if config.producer.source == "rabbitmq":
+        source_options["auto_prefetch"] = auto_prefetch(config)
     n_producers = config.producer.concurrency
     topo.producers = [f"producer_{i}" for i in range(n_producers)]
     topo.processors = [f"processor_{PROCESSOR_KEY}_{i}" for i in range(proc.concurrency)]
 
     producers = [
         worker(StageSpec(id=pid, role="producer", index=i, source=config.producer.source,
-                         source_options=dict(config.producer.options),
+                         source_options=source_options,
                          producer_count=n_producers, state_dir=rt.state_dir,
                          dispatcher=config.producer.dispatcher,
                          buffer_size=config.producer.buffer_size,

@@ -120,6 +120,8 @@ class ProducerStage(Stage):
             return
         want = self.dispatcher.demand - len(self.buffer)
         if want <= 0:
+            if self.source.fileno() is not None:
+                self.source.fetch(0)   # clears a push source's wake-up: no level-triggered spin
             return
         items = self.source.fetch(want)
         if items:
