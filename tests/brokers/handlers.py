@@ -1,0 +1,21 @@
+"""Handlers for the daemon-level broker tests: bodies decoded, then the e2e Recorder."""
+
+from __future__ import annotations
+
+import json
+
+from offbroadway import Message
+
+from tests.e2e.handlers import Recorder
+
+
+class JsonBody(Recorder):
+    """RabbitMQ delivers bytes: decode the JSON body, then record as the e2e tests do."""
+
+    def handle_message(self, processor: str, message: Message, context) -> Message:
+        message.update_data(json.loads)
+        return super().handle_message(processor, message, context)
+
+
+class FieldMap(Recorder):
+    """Redis entries are field maps already; "fail" is "1" or ""."""

@@ -1,0 +1,82 @@
+"""The whole daemon against the real RabbitMQ and Redis: 10,000 messages published, the
+pipeline run ``--until-idle``, every message handled and acked, the broker left empty, and
+exactly the failed messages in the dead-letter target."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.brokers.conftest import AMQP_URL, REDIS_URL, unique
+from tests.conftest import REPO, offbroadway_cmd, test_env
+from tests.e2e.handlers import read_records
+from tests.e2e.test_pipeline import make_config
+
+pytestmark = pytest.mark.broker
+N = 10_000
+
+
+def run(config: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
+                          env=test_env(), capture_output=True, text=True, timeout=240)
+
+
+def test_rabbitmq_pipeline_acks_everything_and_dead_letters_exactly_the_failed(
+        short_tmp: Path, rabbit) -> None:
+    queue = rabbit.queue(dlx=True)
+    rabbit.ch.confirm_delivery()
+    for i in range(N):
+        # every 100th message asks the handler to fail it
+        body = json.dumps({"seq": i, "fail": i % 100 == 7}).encode()
+        rabbit.ch.basic_publish("", queue, body, rabbit_props(i))
+    config = make_config(short_tmp, handler="tests.brokers.handlers:JsonBody", source="rabbitmq",
+                         producers=2, options={"url": AMQP_URL, "queue": queue},
+                         batchers={"default": {"batch_size": 200, "batch_timeout": 0.2}})
+    proc = run(config)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    handled = Counter(r["id"] for r in read_records(str(short_tmp / "out"), "batch-"))
+    failed = {r["id"] for r in read_records(str(short_tmp / "out"), "failed-")}
+    expected_failed = {f"m{i}" for i in range(N) if i % 100 == 7}
+    assert failed == expected_failed
+    assert set(handled) == {f"m{i}" for i in range(N)} - expected_failed
+    assert max(handled.values()) == 1
+    assert rabbit.ready(queue) == 0
+    assert sorted(rabbit.take_all(queue)) == []          # nothing unacked came back either
+    assert sorted(rabbit.take_all(f"{queue}.dlq")) == sorted(expected_failed)
+
+
+def rabbit_props(i: int):
+    import pika
+
+    return pika.BasicProperties(message_id=f"m{i}", content_type="application/json")
+
+
+def test_redis_pipeline_acks_everything_and_dead_letters_exactly_the_failed(
+        short_tmp: Path, rq) -> None:
+    stream = unique("s")
+    pipe = rq.pipeline(transaction=False)
+    for i in range(N):
+        pipe.xadd(stream, {"seq": str(i), "fail": "1" if i % 100 == 7 else ""})
+    ids = [i.decode() if isinstance(i, bytes) else i for i in pipe.execute()]   # in seq order
+    entry_ids = set(ids)
+    config = make_config(short_tmp, handler="tests.brokers.handlers:FieldMap", source="redis",
+                         options={"url": REDIS_URL, "stream": stream, "group": "pipeline"},
+                         batchers={"default": {"batch_size": 200, "batch_timeout": 0.2}})
+    try:
+        proc = run(config)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        handled = Counter(r["id"] for r in read_records(str(short_tmp / "out"), "batch-"))
+        failed = {r["id"] for r in read_records(str(short_tmp / "out"), "failed-")}
+        expected_failed = {e for seq, e in enumerate(ids) if seq % 100 == 7}
+        assert failed == expected_failed
+        assert set(handled) == entry_ids - expected_failed
+        assert max(handled.values()) == 1
+        assert rq.xpending(stream, "pipeline")["pending"] == 0
+        dead = rq.xrange(f"{stream}:dead")
+        assert len(dead) == len(expected_failed)
+    finally:
+        rq.delete(stream, f"{stream}:dead")
