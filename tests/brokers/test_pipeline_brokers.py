@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.brokers.conftest import AMQP_URL, REDIS_URL, unique
-from tests.conftest import REPO, offbroadway_cmd, test_env
+from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
 from tests.e2e.handlers import read_records
 from tests.e2e.test_pipeline import make_config
 
@@ -80,3 +80,43 @@ def test_redis_pipeline_acks_everything_and_dead_letters_exactly_the_failed(
         assert len(dead) == len(expected_failed)
     finally:
         rq.delete(stream, f"{stream}:dead")
+
+
+def test_two_daemons_on_one_queue_share_the_work_without_doubles(short_tmp: Path,
+                                                                  rabbit) -> None:
+    queue = rabbit.queue()
+    n = 4000
+    daemons = []
+    for name in ("a", "b"):
+        tmp = short_tmp / name
+        tmp.mkdir()
+        config = make_config(tmp, handler="tests.brokers.handlers:JsonBody", source="rabbitmq",
+                             context={"slow": 0.0005},
+                             options={"url": AMQP_URL, "queue": queue},
+                             batchers={"default": {"batch_size": 100, "batch_timeout": 0.2}})
+        daemons.append((tmp, subprocess.Popen(
+            offbroadway_cmd("run", str(config)), cwd=REPO, env=test_env(),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
+    try:
+        for tmp, _ in daemons:   # both consuming before anything is published
+            wait_until(lambda t=tmp: (t / "run" / "control.sock").exists(), timeout=60,
+                       message="both daemons up")
+        for i in range(n):
+            rabbit.ch.basic_publish("", queue, json.dumps({"seq": i}).encode(), rabbit_props(i))
+
+        def handled() -> list[Counter]:
+            return [Counter(r["id"] for r in read_records(str(t / "out"), "batch-"))
+                    for t, _ in daemons]
+
+        wait_until(lambda: sum(len(c) for c in handled()) >= n, timeout=120,
+                   message="every message handled by one daemon or the other")
+    finally:
+        for _, d in daemons:
+            d.terminate()
+        codes = [d.wait(60) for _, d in daemons]
+    assert codes == [0, 0]
+    a, b = handled()
+    assert set(a) | set(b) == {f"m{i}" for i in range(n)}
+    assert not set(a) & set(b), "a message was handled by both daemons"
+    assert len(a) > n // 10 and len(b) > n // 10, (len(a), len(b))
+    assert rabbit.ready(queue) == 0
