@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 NOTIFY_FD_ENV = "OFFBROADWAY_NOTIFY_FD"
+SUPERVISOR_PID_ENV = "OFFBROADWAY_SUPERVISOR_PID"
 
 _fd: int | None = None
 _looked = False
@@ -37,8 +38,26 @@ def _send(byte: bytes) -> None:
         pass
 
 
+def orphaned() -> bool:
+    """Did the supervisor die before the kernel could tie us to it?
+
+    The supervisor sets PR_SET_PDEATHSIG through ``setpriv`` (see :mod:`.spawn`); had it
+    died in the instant before that, no signal would ever come.  Only the process the
+    supervisor spawned leads its own process group, so a grandchild (a wrapper script's
+    child) is never mistaken for an orphan.
+    """
+    expected = os.environ.get(SUPERVISOR_PID_ENV)
+    if not expected or _notify_fd() is None:
+        return False
+    return os.getpgid(0) == os.getpid() and os.getppid() != int(expected)
+
+
 def notify_ready() -> None:
-    """The child is up: the supervisor starts the next sibling only after this."""
+    """The child is up: the supervisor starts the next sibling only after this.
+
+    An orphan (see :func:`orphaned`) exits here instead of running unsupervised."""
+    if orphaned():
+        os._exit(70)
     _send(b"R")
 
 

@@ -7,8 +7,8 @@ place by whoever wires the system (the daemon), and supervisors only interpret t
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence, Union
 
 
 class Restart(str, enum.Enum):
@@ -27,13 +27,13 @@ class Strategy(str, enum.Enum):
 
 #: OTP shutdown: ``"brutal_kill"`` (SIGKILL at once), seconds to wait after SIGTERM before
 #: SIGKILL, or ``"infinity"`` (wait forever; OTP's default for supervisors).
-Shutdown = Union[float, str]
+Shutdown = float | str
 BRUTAL_KILL = "brutal_kill"
 INFINITY = "infinity"
 
 #: argv / env may be computed at each start (a fresh token per start, say).
-Argv = Union[Sequence[str], Callable[[], Sequence[str]]]
-Env = Union[Mapping[str, str], Callable[[], Mapping[str, str]], None]
+Argv = Sequence[str] | Callable[[], Sequence[str]]
+Env = Mapping[str, str] | Callable[[], Mapping[str, str]] | None
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class SupervisorSpec:
 
     id: str
     strategy: Strategy
-    children: Sequence["ChildSpec"]
+    children: Sequence[ChildSpec]
     max_restarts: int = 3
     max_seconds: float = 5.0
     restart: Restart = Restart.PERMANENT
@@ -77,4 +77,4 @@ class SupervisorSpec:
     type = "supervisor"
 
 
-ChildSpec = Union[WorkerSpec, SupervisorSpec]
+ChildSpec = WorkerSpec | SupervisorSpec
