@@ -34,6 +34,7 @@ from . import control, metrics
 from . import topology as topo_mod
 from .hub import Hub
 from .notify import Notifier
+from .totals import StageTotals
 
 log = logging.getLogger("offbroadway.daemon")
 
@@ -60,6 +61,7 @@ class Daemon:
         self.until_idle = until_idle
         self.notifier = notifier or Notifier()
         self.stats: dict[str, dict] = {}
+        self.totals = StageTotals()
         self.idle: dict[str, bool] = {}
         self.done: set[str] = set()
         self.settled: set[str] = set()
@@ -89,10 +91,11 @@ class Daemon:
                 logs.FORMAT_ENV: self.config.runtime.log_format}
 
     def on_report(self, stage_id: str, name: str, body: dict) -> None:
-        if name == "stats":
+        if name in ("stats", "done", "settled") and "pid" in body:
             body["at"] = time.time()
             self.stats[stage_id] = body
-        elif name == "idle":
+            self.totals.report(stage_id, body)
+        if name == "idle":
             self.idle[stage_id] = bool(body.get("idle"))
             if self.until_idle and self.topology.producers and all(
                     self.idle.get(p) for p in self.topology.producers):
@@ -225,6 +228,22 @@ class Daemon:
             log.warning("drain: %s still had messages in flight at the deadline",
                         sorted(producers - self.settled))
         log.info("drain complete")
+        self._report_output()
+
+    def _report_output(self) -> None:
+        """The line an operator (and the README's main job) reads at the end of a run."""
+        t = self.topology
+        acked = self.totals.sum(t.producers, "acked")
+        failed = self.totals.sum(t.producers, "failed")
+        name = self.config.pipeline.name
+        if self.config.spark is not None:
+            spark = self.config.spark
+            for key in self.config.batchers:
+                stages = [s for s in t.batch_processors if s.startswith(f"batch_processor_{key}_")]
+                rows = self.totals.sum(stages, "out")
+                print(f"{name}: wrote {rows} rows to {spark['output']}/{key} ({spark['format']})",
+                      flush=True)
+        print(f"{name}: {acked} messages acked, {failed} failed", flush=True)
 
     async def _wait_for(self, predicate, deadline: float) -> bool:
         while not predicate():

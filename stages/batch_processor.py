@@ -73,7 +73,7 @@ class BatchProcessorStage(Stage):
             elif msg[0] == protocol.CANCEL:
                 self.subs.cancelled(up, msg[1])
                 if self.subs.all_done:
-                    self.report("done", {})
+                    self.report("done", self.stats())   # final counts: the last tick may be older
 
     def _handle(self, batch_key: Any, trigger: str, events: list) -> None:
         self.counters["in"] += len(events)

@@ -111,7 +111,7 @@ class ProcessorStage(Stage):
         self.finished = True
         if self.batchers:
             self.downstream.cancel_all("shutdown")
-        self.report("done", {})
+        self.report("done", self.stats())   # final counts: the last tick may be older
 
     def cmd_resubscribe(self, producer: str) -> None:
         up = self.subs.find(producer)

@@ -168,7 +168,7 @@ class ProducerStage(Stage):
             self.report("idle", {"idle": idle})
         if self.draining and not len(self.inflight) and not self._settled_reported:
             self._settled_reported = True
-            self.report("settled", {})
+            self.report("settled", self.stats())
         self.call_later(0.1 if self.draining else 0.2, self._watch_idle)
 
     def cmd_shutdown(self) -> None:

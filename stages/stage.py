@@ -142,7 +142,7 @@ class Stage:
 
     # -- the loop ---------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        return dict(self.counters)
+        return {**self.counters, "pid": os.getpid()}
 
     def _tick(self) -> None:
         child.heartbeat()
