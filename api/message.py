@@ -76,7 +76,8 @@ class BatchInfo:
 
     __slots__ = ("batch_key", "batcher", "partition", "size", "trigger")
 
-    def __init__(self, batcher: str, batch_key: Any, size: int, trigger: str, partition: int | None = None):
+    def __init__(self, batcher: str, batch_key: Any, size: int, trigger: str,
+                 partition: int | None = None) -> None:
         self.batcher = batcher
         self.batch_key = batch_key
         self.size = size

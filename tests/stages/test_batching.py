@@ -133,7 +133,7 @@ def replay(acc: BatchAccumulator, script: list[tuple], budget: int | None) -> No
                 serial += 1
                 pending[key].append(((serial - 1, weight), now))
             check(acc.add_many(items, now), {"size"})
-            for key, q in pending.items():      # what is left is never a full batch
+            for q in pending.values():      # what is left is never a full batch
                 held = sum(size_of(item) for item, _ in q)
                 assert held < limit or (budget is None and not q)
         else:
