@@ -36,7 +36,7 @@ class RestartIntensity:
         while self._times and self._times[0] < threshold:
             self._times.popleft()
         self._times.append(now)
-        return len(self._times) < self.max_restarts + 2
+        return len(self._times) <= self.max_restarts
 
     @property
     def recent(self) -> tuple[float, ...]:
