@@ -28,7 +28,7 @@ from typing import Any
 
 import psutil
 from offbroadway.stages import logs
-from offbroadway.supervision import Supervisor
+from offbroadway.supervision import SupervisionError, Supervisor
 
 from . import control, metrics
 from . import topology as topo_mod
@@ -272,7 +272,10 @@ class Daemon:
             if child_id == "terminator":
                 return {"ok": False,
                         "error": "terminator runs inside the daemon; nothing to restart"}
-            await self.root.restart_subtree_or_child(child_id)
+            try:
+                await self.root.restart_subtree_or_child(child_id)
+            except SupervisionError as exc:   # stopping, or a supervisor already gave up
+                return {"ok": False, "error": f"cannot restart {child_id}: {exc}"}
             return {"ok": True}
         if cmd == "drain":
             self.paused = True

@@ -65,3 +65,15 @@ def read_records(out_dir: str, prefix: str) -> list[dict]:
             with open(os.path.join(out_dir, name)) as f:
                 records.extend(json.loads(line) for line in f if line.strip())
     return records
+
+
+class CrashesProcess(Recorder):
+    """Kills its own process on every message: a poison no callback-level catch can stop."""
+
+    def handle_message(self, processor: str, message: Message, context) -> Message:
+        os._exit(3)
+
+
+class CrashesAtStart(Recorder):
+    def __init__(self) -> None:
+        raise SystemExit(4)
