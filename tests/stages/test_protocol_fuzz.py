@@ -1,0 +1,64 @@
+"""Hostile input to the decoder: random bytes, truncated frames, wrong shapes, huge frames.
+The only outcomes allowed are a decoded message or ProtocolError; nothing else escapes."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from offbroadway.stages import protocol
+
+VALID = [protocol.subscribe(10, 5, None), protocol.ask(7), protocol.cancel("shutdown"),
+         protocol.ack([1, 2], [[3, "bad"]]), protocol.command("stop", {}),
+         protocol.report("stats", {"in": 1}),
+         protocol.events([[0, 1, "id", {"a": 1}, {}, "default", "default", None]])]
+
+msgpack_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats() | st.text() |
+    st.binary(),
+    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(), inner, max_size=6),
+    max_leaves=20)
+
+
+def decode_or_refuse(frame: bytes) -> None:
+    try:
+        protocol.decode(frame)
+    except protocol.ProtocolError:
+        pass
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=512))
+def test_random_bytes(frame: bytes) -> None:
+    decode_or_refuse(frame)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.sampled_from(VALID), st.data())
+def test_truncated_and_flipped_valid_frames(frame: bytes, data) -> None:
+    cut = data.draw(st.integers(0, len(frame)))
+    decode_or_refuse(frame[:cut])
+    i = data.draw(st.integers(0, len(frame) - 1))
+    flipped = bytearray(frame)
+    flipped[i] ^= data.draw(st.integers(1, 255))
+    decode_or_refuse(bytes(flipped))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.integers(-3, 20), msgpack_values, st.lists(msgpack_values, max_size=5))
+def test_well_formed_msgpack_of_the_wrong_shape(kind: int, first, rest: list) -> None:
+    frame = msgpack.packb([protocol.VERSION, kind, first, *rest], use_bin_type=True)
+    decode_or_refuse(frame)
+
+
+def test_oversized_frame_is_refused_unread() -> None:
+    with pytest.raises(protocol.ProtocolError, match="over the"):
+        protocol.decode(b"\x00" * (protocol.MAX_FRAME_BYTES + 1))
+
+
+def test_never_unpickles() -> None:
+    import pickle
+
+    with pytest.raises(protocol.ProtocolError):
+        protocol.decode(pickle.dumps(["not", "for", "us"]))
