@@ -1,0 +1,483 @@
+"""The ``spark`` child: one Spark Connect server JVM, supervised like any other stage.
+
+Run as ``python -m offbroadway.stages.spark_server``.  The daemon's pipeline supervisor
+starts it first (``rest_for_one``), so every batch processor after it is a light Spark
+Connect client of this one driver instead of a JVM of its own (a classic session costs
+0.4-0.9 GB and 6-9 s per process on this machine).
+
+Settings come from the environment (the daemon computes them afresh at every start, see
+:mod:`offbroadway.daemon.spark`):
+
+=================================  ========================================================
+``OFFBROADWAY_SPARK_PORT``         gRPC port on 127.0.0.1 (required; ``0`` picks a free one
+                                   and writes it to ``<dir>/spark-connect.port``)
+``OFFBROADWAY_SPARK_TOKEN``        the Connect auth token (required; never printed/logged;
+                                   the JVM gets it as ``SPARK_CONNECT_AUTHENTICATE_TOKEN``,
+                                   never on its command line, which ``ps`` shows)
+``OFFBROADWAY_SPARK_DIR``          state dir for logs, pid file, scratch and work dirs
+                                   (required; never inside site-packages)
+``OFFBROADWAY_SPARK_MASTER``       ``local[2]`` (default) or e.g. ``spark://127.0.0.1:7077``
+``OFFBROADWAY_SPARK_DRIVER_MEMORY``  JVM heap of the driver (default ``1g``)
+``OFFBROADWAY_SPARK_CONF``         extra Spark properties, a JSON object of strings
+``OFFBROADWAY_SPARK_READY_TIMEOUT``  seconds to become ready before giving up (default 300;
+                                   the supervisor's ``start_timeout`` usually fires first)
+``OFFBROADWAY_SPARK_STOP_TIMEOUT``   seconds between SIGTERM and SIGKILL of the JVM
+                                   (default 10; keep it below the supervisor's shutdown)
+=================================  ========================================================
+
+Files under ``<dir>``: ``logs/spark-connect.log`` (the JVM's stdout/stderr at WARN, plus this
+wrapper's own lines), ``spark-connect.pid`` (the JVM's pid), ``conf/`` (the log4j2 config),
+``tmp/`` (``SPARK_LOCAL_DIRS``), ``work/`` (the JVM's cwd: warehouse, derby, stray files).
+
+Life cycle, and why:
+
+* The JVM is exec'd directly (``java ... SparkSubmit --class SparkConnectServer``), with the
+  command line built by Spark's own launcher (``org.apache.spark.launcher.Main``, what
+  ``spark-class`` runs), so the pid we hold *is* the JVM and the JVM options stay Spark's.
+  (``bin/spark-submit`` also ends in ``exec java`` under the same pid; going direct saves a
+  bash, a ``ps`` and ``find-spark-home`` and is the fallback-free path we measured.)
+* ``PR_SET_PDEATHSIG = SIGKILL`` is set in the JVM before exec: if this wrapper dies, even by
+  SIGKILL, the kernel kills the JVM.  The JVM also gets its own session so a terminal's
+  Ctrl-C (SIGINT to the foreground group) never reaches it: shutdown is the daemon's call.
+* Ready = the port accepts TCP *and* a trivial query over Connect with the token succeeds.
+  The query runs in a short-lived subprocess (``--probe``) because the Connect client pulls
+  in pandas, pyarrow and grpc (~135 MB, ~0.8 s): paying that once, in a process that exits,
+  keeps this long-lived wrapper at ~20 MB.  The probe also runs one tiny Arrow-to-Parquet
+  write so the JVM's first real batch does not pay the ~5 s of first-query warm-up.
+* After ``notify_ready()`` it heartbeats every second while the JVM lives, exits 1 when the
+  JVM dies, and on SIGTERM stops the JVM (SIGTERM, wait, SIGKILL) and exits 0.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from offbroadway.supervision import child
+
+ENV_PORT = "OFFBROADWAY_SPARK_PORT"
+ENV_TOKEN = "OFFBROADWAY_SPARK_TOKEN"
+ENV_DIR = "OFFBROADWAY_SPARK_DIR"
+ENV_MASTER = "OFFBROADWAY_SPARK_MASTER"
+ENV_DRIVER_MEMORY = "OFFBROADWAY_SPARK_DRIVER_MEMORY"
+ENV_CONF = "OFFBROADWAY_SPARK_CONF"
+ENV_READY_TIMEOUT = "OFFBROADWAY_SPARK_READY_TIMEOUT"
+ENV_STOP_TIMEOUT = "OFFBROADWAY_SPARK_STOP_TIMEOUT"
+#: how Spark itself (server and pyspark client) reads the token
+SPARK_TOKEN_ENV = "SPARK_CONNECT_AUTHENTICATE_TOKEN"
+#: the probe subprocess is told where to connect through this (the token via SPARK_TOKEN_ENV)
+_ENV_PROBE_REMOTE = "OFFBROADWAY_SPARK_PROBE_REMOTE"
+
+HOST = "127.0.0.1"
+CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+LOG_NAME = "spark-connect.log"
+PID_NAME = "spark-connect.pid"
+PORT_NAME = "spark-connect.port"
+LOG_ROTATE_BYTES = 64 * 1024 * 1024
+PR_SET_PDEATHSIG = 1
+
+# WARN keeps the log to start/stop and real trouble: at INFO the Connect server writes
+# ~20 lines per request, i.e. a growing file at ~10 writes/s.  The startup line stays.
+LOG4J2 = """\
+rootLogger.level = warn
+rootLogger.appenderRef.stdout.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yyyy-MM-dd HH:mm:ss} %p %c{1}: %m%n%ex
+logger.connect.name = org.apache.spark.sql.connect.service.SparkConnectServer
+logger.connect.level = info
+logger.parquet.name = org.apache.parquet.CorruptStatistics
+logger.parquet.level = error
+logger.native.name = org.apache.hadoop.util.NativeCodeLoader
+logger.native.level = error
+# "task of very large size": every local relation (our batches) is shipped in its task
+logger.tsm.name = org.apache.spark.scheduler.TaskSetManager
+logger.tsm.level = error
+"""
+
+
+class SettingsError(ValueError):
+    """The environment does not describe a server we can start (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    port: int
+    token: str = field(repr=False)   # repr=False: a traceback or log of settings hides it
+    dir: Path
+    master: str = "local[2]"
+    driver_memory: str = "1g"
+    conf: Mapping[str, str] = field(default_factory=dict)
+    ready_timeout: float = 300.0
+    stop_timeout: float = 10.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ServerSettings:
+        env = os.environ if environ is None else environ
+        missing = [k for k in (ENV_PORT, ENV_TOKEN, ENV_DIR) if not env.get(k)]
+        if missing:
+            raise SettingsError(f"missing environment: {', '.join(missing)}")
+        try:
+            port = int(env[ENV_PORT])
+        except ValueError:
+            raise SettingsError(f"{ENV_PORT} is not an integer") from None
+        if not 0 <= port < 65536:
+            raise SettingsError(f"{ENV_PORT}={port} is out of range")
+        directory = Path(env[ENV_DIR]).resolve()
+        home = spark_home()
+        if directory == home or home in directory.parents:
+            raise SettingsError(f"{ENV_DIR} must not be inside the pyspark package ({home})")
+        try:
+            conf = json.loads(env.get(ENV_CONF) or "{}")
+        except json.JSONDecodeError as exc:
+            raise SettingsError(f"{ENV_CONF} is not JSON: {exc}") from None
+        if not isinstance(conf, dict):
+            raise SettingsError(f"{ENV_CONF} must be a JSON object")
+        conf = {str(k): str(v) for k, v in conf.items()}
+        try:
+            ready = float(env.get(ENV_READY_TIMEOUT) or 300.0)
+            stop = float(env.get(ENV_STOP_TIMEOUT) or 10.0)
+        except ValueError:
+            raise SettingsError(f"{ENV_READY_TIMEOUT}/{ENV_STOP_TIMEOUT} must be numbers") from None
+        return cls(port=port, token=env[ENV_TOKEN], dir=directory,
+                   master=env.get(ENV_MASTER) or "local[2]",
+                   driver_memory=env.get(ENV_DRIVER_MEMORY) or "1g", conf=conf,
+                   ready_timeout=ready, stop_timeout=stop)
+
+
+def spark_home() -> Path:
+    """The pyspark package directory (jars/, bin/), found without importing pyspark."""
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        raise SettingsError("pyspark is not installed (pip install 'offbroadway[spark]')")
+    return Path(spec.origin).resolve().parent
+
+
+def free_port(host: str = HOST) -> int:
+    """A port the kernel just handed out on ``host``: free now, with a small race until the
+    JVM binds it (a lost race makes the JVM exit, and the supervisor restarts us)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_open(port: int, host: str = HOST, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """A preexec_fn: the kernel SIGKILLs the child when ``parent`` (this process) dies.
+
+    If the parent is already gone by the time prctl runs (it died between fork and here),
+    the signal will never come: exit at once instead.  Compared with the pid we forked
+    from, not with 1, since a subreaper (systemd, the supervisor) may adopt orphans.
+    """
+    def preexec() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
+
+
+def spark_args(settings: ServerSettings, port: int) -> list[str]:
+    """SparkSubmit's arguments: everything bound to 127.0.0.1, scratch under our dir."""
+    d = settings.dir
+    conf = {
+        "spark.connect.grpc.binding.address": HOST,
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.driver.host": HOST,
+        "spark.driver.bindAddress": HOST,
+        "spark.ui.enabled": "false",
+        "spark.sql.warehouse.dir": str(d / "work" / "warehouse"),
+        "spark.sql.session.timeZone": "UTC",
+        **settings.conf,
+    }
+    args = ["--master", settings.master, "--driver-memory", settings.driver_memory,
+            "--name", "offbroadway-spark-connect"]
+    for key, value in conf.items():
+        args += ["--conf", f"{key}={value}"]
+    return [*args, "--class", CONNECT_CLASS, "spark-internal"]
+
+
+def java_command(args: Sequence[str], env: Mapping[str, str], home: Path) -> list[str]:
+    """Ask Spark's launcher for the exact JVM command ``spark-submit`` would exec.
+
+    The launcher prints ``\\0\\n`` and then one NUL-terminated argument each (that is the
+    format ``bin/spark-class`` parses).  Costs ~0.15 s of a small JVM, once per start.
+    """
+    java = str(Path(env["JAVA_HOME"]) / "bin" / "java") if env.get("JAVA_HOME") else "java"
+    out = subprocess.run(
+        [java, "-Xmx128m", "-cp", str(home / "jars" / "*"), "org.apache.spark.launcher.Main",
+         "org.apache.spark.deploy.SparkSubmit", *args],
+        env=dict(env), capture_output=True, timeout=120,
+        preexec_fn=_die_with_parent(os.getpid()), check=False)
+    marker = out.stdout.find(b"\0\n")
+    if out.returncode != 0 or marker < 0:
+        raise RuntimeError(f"Spark launcher failed (exit {out.returncode}): "
+                           f"{out.stderr.decode(errors='replace').strip()[-500:]}")
+    parts = out.stdout[marker + 2:].split(b"\0")
+    cmd = [p.decode() for p in parts if p]
+    if not cmd or "SparkSubmit" not in " ".join(cmd):
+        raise RuntimeError("Spark launcher printed an unexpected command")
+    return cmd
+
+
+class Server:
+    """One Connect server JVM and the wrapper's loop around it."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.s = settings
+        self.home = spark_home()
+        self.port = settings.port or free_port()
+        self.proc: subprocess.Popen | None = None
+        self.stopping = False
+        self.log_path = settings.dir / "logs" / LOG_NAME
+        self._log = None
+
+    # -- small helpers -----------------------------------------------------------------
+    def say(self, text: str) -> None:
+        """A line for the daemon's log (stderr) and the same in the Spark log file."""
+        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} offbroadway.spark_server: {text}\n"
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        if self._log is not None:
+            self._log.write(line.encode())
+            self._log.flush()
+
+    def _prepare_dirs(self) -> None:
+        d = self.s.dir
+        for sub in ("logs", "tmp", "work", "conf"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        os.chmod(d, 0o700)   # the JVM's env holds the token; its scratch is ours only
+        (d / "conf" / "log4j2.properties").write_text(LOG4J2)
+        if self.log_path.exists() and self.log_path.stat().st_size > LOG_ROTATE_BYTES:
+            self.log_path.replace(self.log_path.with_suffix(".log.1"))
+        self._log = open(self.log_path, "ab", buffering=0)
+
+    def jvm_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items()
+               if k not in (ENV_TOKEN, child.NOTIFY_FD_ENV, SPARK_TOKEN_ENV)}
+        env.update({
+            "SPARK_HOME": str(self.home),
+            "SPARK_CONF_DIR": str(self.s.dir / "conf"),
+            "SPARK_LOCAL_IP": HOST,
+            # scratch (block manager, shuffle) under our dir, not /tmp; the env form, since
+            # spark.local.dir draws a warning at every start
+            "SPARK_LOCAL_DIRS": str(self.s.dir / "tmp"),
+            "SPARK_SCALA_VERSION": env.get("SPARK_SCALA_VERSION", "2.13"),
+            "PYTHONHASHSEED": "0",   # what bin/spark-submit exports
+        })
+        env[SPARK_TOKEN_ENV] = self.s.token
+        return env
+
+    # -- life cycle ----------------------------------------------------------------------
+    def start(self) -> None:
+        self._prepare_dirs()
+        if not self.s.port:
+            (self.s.dir / PORT_NAME).write_text(f"{self.port}\n")
+        env = self.jvm_env()
+        cmd = java_command(spark_args(self.s, self.port), env, self.home)
+        self.say(f"starting Spark Connect server on {HOST}:{self.port} "
+                 f"(master {self.s.master}, driver memory {self.s.driver_memory}); "
+                 f"log {self.log_path}")
+        self.proc = subprocess.Popen(
+            cmd, env=env, cwd=self.s.dir / "work", stdin=subprocess.DEVNULL,
+            stdout=self._log, stderr=self._log, start_new_session=True,
+            preexec_fn=_die_with_parent(os.getpid()))
+        (self.s.dir / PID_NAME).write_text(f"{self.proc.pid}\n")
+
+    def jvm_exit(self) -> int | None:
+        assert self.proc is not None
+        return self.proc.poll()
+
+    def wait_ready(self) -> bool:
+        """Poll until port + probe succeed.  False if stopped or the JVM died first."""
+        t0 = time.monotonic()
+        deadline = t0 + self.s.ready_timeout
+        next_beat = 0.0
+        port_seen = False
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            if now >= next_beat:
+                child.heartbeat()
+                next_beat = now + 1.0
+            if self.stopping or self.jvm_exit() is not None:
+                return False
+            if not port_seen:
+                port_seen = port_open(self.port)
+                if not port_seen:
+                    time.sleep(0.1)
+                    continue
+                self.say(f"port {self.port} answers after {now - t0:.1f} s; probing")
+            error = self._probe(deadline)
+            if error is None:
+                self.say(f"ready after {time.monotonic() - t0:.1f} s (JVM pid {self.proc.pid})")
+                return True
+            if self.stopping or self.jvm_exit() is not None:
+                return False
+            self.say(f"probe failed, retrying: {error}")
+            time.sleep(0.5)
+        self.say(f"not ready within {self.s.ready_timeout:.0f} s")
+        return False
+
+    def _probe(self, deadline: float) -> str | None:
+        """Run the Connect query in a subprocess; None on success, else its last words."""
+        env = {k: v for k, v in os.environ.items() if k not in (ENV_TOKEN, child.NOTIFY_FD_ENV)}
+        env.update({_ENV_PROBE_REMOTE: f"sc://localhost:{self.port}", SPARK_TOKEN_ENV: self.s.token,
+                    ENV_DIR: str(self.s.dir)})
+        probe = subprocess.Popen(
+            [sys.executable, "-m", "offbroadway.stages.spark_server", "--probe"], env=env,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            preexec_fn=_die_with_parent(os.getpid()))
+        try:
+            while True:
+                try:
+                    _, err = probe.communicate(timeout=1.0)
+                    break
+                except subprocess.TimeoutExpired:
+                    child.heartbeat()
+                    if self.stopping or self.jvm_exit() is not None or time.monotonic() > deadline:
+                        probe.kill()
+                        probe.communicate()
+                        return "interrupted"
+        finally:
+            if probe.poll() is None:
+                probe.kill()
+                probe.wait()
+        if probe.returncode == 0:
+            return None
+        lines = err.decode(errors="replace").strip().splitlines()
+        return (lines[-1] if lines else f"exit {probe.returncode}")[:500]
+
+    def serve(self) -> int:
+        """Heartbeat while the JVM lives; the exit code tells the supervisor what happened."""
+        assert self.proc is not None
+        while not self.stopping:
+            try:
+                code = self.proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                child.heartbeat()
+                continue
+            self.say(f"Spark Connect server JVM exited with {_describe(code)}; see {self.log_path}")
+            self._forget_pid()
+            return 1
+        return self.stop()
+
+    def stop(self) -> int:
+        """SIGTERM the JVM (Spark's shutdown hooks stop the context), SIGKILL at the deadline."""
+        proc = self.proc
+        if proc is None:
+            return 0
+        if proc.poll() is not None:
+            self._forget_pid()
+            return 0
+        self.say(f"stopping Spark Connect server (pid {proc.pid})")
+        t0 = time.monotonic()
+        proc.terminate()
+        try:
+            proc.wait(timeout=self.s.stop_timeout)
+        except subprocess.TimeoutExpired:
+            self.say(f"JVM still alive after {self.s.stop_timeout:.0f} s; killing it")
+            proc.kill()
+            proc.wait()
+        self.say(f"stopped in {time.monotonic() - t0:.1f} s")
+        self._forget_pid()
+        return 0
+
+    def _forget_pid(self) -> None:
+        """No stale pid file: an operator's ``kill $(cat …)`` must not hit a reused pid."""
+        try:
+            (self.s.dir / PID_NAME).unlink()
+        except FileNotFoundError:
+            pass
+
+
+def _describe(code: int) -> str:
+    return f"signal {signal.Signals(-code).name}" if code < 0 else f"code {code}"
+
+
+def run_probe() -> int:
+    """``--probe``: one Connect session, ``range(1).count()`` and a tiny Arrow→Parquet write.
+
+    The write warms the JVM's Arrow, planner and Parquet paths (the first query on a fresh
+    server takes ~5 s here, later ones ~0.1 s) so the first real batch is not the slow one.
+    It lands in ``<dir>/work/probe`` (overwritten each time).  The token comes from the
+    ``SPARK_CONNECT_AUTHENTICATE_TOKEN`` environment, never the URL (URLs end up in errors).
+    """
+    import pyarrow as pa
+    from pyspark.sql.connect.client import DefaultChannelBuilder
+    from pyspark.sql.connect.session import SparkSession
+
+    builder = DefaultChannelBuilder(os.environ[_ENV_PROBE_REMOTE])
+    spark = SparkSession.builder.channelBuilder(builder).create()
+    try:
+        if spark.range(1).count() != 1:
+            print("probe: range(1).count() != 1", file=sys.stderr)
+            return 1
+        target = Path(os.environ[ENV_DIR]) / "work" / "probe"
+        spark.createDataFrame(pa.table({"x": [1]})).write.mode("overwrite").parquet(str(target))
+    finally:
+        spark.stop()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--probe"]:
+        try:
+            return run_probe()
+        except Exception as exc:   # the parent logs our last line; keep it to one line
+            print(f"probe: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                  file=sys.stderr)
+            return 1
+    # Shutdown is the daemon's decision: ignore the terminal's SIGINT, act on SIGTERM.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        settings = ServerSettings.from_env()
+    except SettingsError as exc:
+        print(f"offbroadway.spark_server: {exc}", file=sys.stderr)
+        return 2
+    server = Server(settings)
+
+    def on_term(_signo: int, _frame: object) -> None:
+        server.stopping = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        server.start()
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        server.say(f"cannot start the Spark Connect server: {exc}")
+        return 1
+    if not server.wait_ready():
+        if server.stopping:
+            return server.stop()
+        code = server.jvm_exit()
+        if code is not None:
+            server.say(f"Spark Connect server JVM exited with {_describe(code)} during start; "
+                       f"see {server.log_path}")
+        server.stop()
+        return 1
+    child.notify_ready()
+    return server.serve()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
