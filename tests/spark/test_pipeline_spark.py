@@ -17,9 +17,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
+from tests.conftest import REPO, offbroadway_cmd, start_daemon, test_env, wait_until
 from tests.e2e.handlers import read_records
-from tests.e2e.test_pipeline import make_config, write_spool
+from tests.e2e.test_pipeline import make_config, stage_pids, write_spool
 
 pytestmark = pytest.mark.spark
 TOKEN_ENV = "OB_TEST_SPARK_TOKEN"
@@ -155,3 +155,36 @@ def test_spark_down_retries_and_acks_nothing(short_tmp: Path) -> None:
     # nothing acked and nothing dead-lettered: every line is still waiting in the spool
     assert len((short_tmp / "spool" / "part-000.jsonl").read_text().splitlines()) == 200
     assert not (short_tmp / "state" / "spool" / "dead-letter.jsonl").exists()
+
+
+def test_sigkill_of_the_daemons_own_spark_server_loses_nothing(short_tmp: Path) -> None:
+    """The daemon starts and supervises its own server; its JVM is SIGKILLed mid-run.
+    rest_for_one restarts everything after it; the output holds every line at least once."""
+    import psutil
+
+    n = 12_000
+    write_spool(short_tmp / "spool", n, files=3)
+    out = short_tmp / "dataset"
+    config = make_config(short_tmp, context={"slow": 0.001}, shutdown_timeout=60.0, batchers={
+        "even": {"batch_size": 1000, "batch_timeout": 1.0},
+        "odd": {"batch_size": 1000, "batch_timeout": 1.0}})
+    config.write_text(config.read_text() + spark_section(out, master="local[1]"))
+    sock = short_tmp / "run" / "control.sock"
+    daemon = start_daemon(config, "--until-idle")
+    try:
+        wait_until(lambda: len(rows(out, "even")) + len(rows(out, "odd")) >= 2000, timeout=400,
+                   message="the first batches written")
+        wrapper = stage_pids(sock)["spark"]
+        jvm = next(p for p in psutil.Process(wrapper).children() if "java" in p.name())
+        jvm.kill()
+        code = daemon.wait(600)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+    err = daemon.stderr.read()
+    assert code == 0, err[-3000:]
+    assert "spark" in err and "restart" in err.lower()
+    seqs = Counter(r["seq"] for r in rows(out, "even") + rows(out, "odd"))
+    assert len(seqs) == n, f"{n - len(seqs)} lines missing after the Spark server was killed"
+    print(f"duplicates after killing the Spark JVM: {sum(seqs.values()) - n}")
+    assert not list((short_tmp / "spool").glob("*.jsonl"))
