@@ -27,7 +27,8 @@ Settings come from the environment (the daemon computes them afresh at every sta
 
 Files under ``<dir>``: ``logs/spark-connect.log`` (the JVM's stdout/stderr at WARN, plus this
 wrapper's own lines), ``spark-connect.pid`` (the JVM's pid), ``conf/`` (the log4j2 config),
-``tmp/`` (``SPARK_LOCAL_DIRS``), ``work/`` (the JVM's cwd: warehouse, derby, stray files).
+``tmp/`` (``SPARK_LOCAL_DIRS`` and ``java.io.tmpdir``, emptied at each start),
+``work/`` (the JVM's cwd: warehouse, derby, stray files).
 
 Life cycle, and why:
 
@@ -54,6 +55,7 @@ import ctypes
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -210,6 +212,11 @@ def spark_args(settings: ServerSettings, port: int) -> list[str]:
         "spark.sql.session.timeZone": "UTC",
         **settings.conf,
     }
+    # java.io.tmpdir: Connect's per-session artifact dirs and the native libraries Spark
+    # extracts (lz4, snappy) otherwise land in /tmp and outlive a SIGKILLed JVM.
+    tmpdir = f"-Djava.io.tmpdir={d / 'tmp'}"
+    extra = settings.conf.get("spark.driver.extraJavaOptions", "")
+    conf["spark.driver.extraJavaOptions"] = f"{tmpdir} {extra}".strip()
     args = ["--master", settings.master, "--driver-memory", settings.driver_memory,
             "--name", "offbroadway-spark-connect"]
     for key, value in conf.items():
@@ -264,6 +271,9 @@ class Server:
 
     def _prepare_dirs(self) -> None:
         d = self.s.dir
+        # tmp/ is scratch of the previous JVM only (one server per dir): a SIGKILLed JVM
+        # leaves block-manager, artifact and native-library files behind.
+        shutil.rmtree(d / "tmp", ignore_errors=True)
         for sub in ("logs", "tmp", "work", "conf"):
             (d / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(d, 0o700)   # the JVM's env holds the token; its scratch is ours only
