@@ -49,6 +49,10 @@ class BatchProcessorStage(Stage):
         self.subs.add(self.spec.upstream[0], sock, partition)
         self.register(sock, self._on_upstream)
 
+    def teardown(self) -> None:
+        if self.sink is not None:
+            self.sink.close()   # an open Connect session can hang the process's exit in grpc
+
     def _on_producer(self, sock: zmq.Socket) -> None:
         # Producers only ever cancel an unknown subscription here; nothing to do.
         while True:
