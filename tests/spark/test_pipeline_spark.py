@@ -36,10 +36,17 @@ def daemon_env(server) -> dict[str, str]:
 
 
 def rows(output: Path, batcher: str) -> list[dict]:
+    """What Spark committed.  While a writer runs, its ``_temporary`` dirs come and go
+    under the listing: read again rather than fail (the final read has no writer)."""
     path = output / batcher
-    if not path.exists():
-        return []
-    return pq.read_table(path).to_pylist()
+    for _ in range(20):
+        if not path.exists():
+            return []
+        try:
+            return pq.read_table(path).to_pylist()
+        except FileNotFoundError:
+            continue
+    raise AssertionError(f"could not list {path} while it was being written")
 
 
 def run(config: Path, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
@@ -95,7 +102,7 @@ def test_sigterm_mid_run_writes_the_partial_batches_and_loses_nothing(short_tmp:
     n = 8000
     write_spool(short_tmp / "spool", n, files=2)
     out = short_tmp / "dataset"
-    config = make_config(short_tmp, context={"slow": 0.002}, batchers={
+    config = make_config(short_tmp, context={"slow": 0.005}, batchers={
         "even": {"batch_size": 1000, "batch_timeout": 60.0},
         "odd": {"batch_size": 1000, "batch_timeout": 60.0}})
     config.write_text(config.read_text() + spark_section(

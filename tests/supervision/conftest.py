@@ -98,13 +98,16 @@ def log(tmp_path: Path) -> Path:
 
 @pytest.fixture(autouse=True)
 def no_children_left():
-    """Every test must leave no child process of ours behind."""
-    yield
+    """Every test must leave no child process of its own behind (processes that were
+    already there, such as another suite's session-wide Spark server, are not its own)."""
     me = psutil.Process(os.getpid())
+    before = {c.pid for c in me.children(recursive=True)}
+    yield
     deadline = time.monotonic() + 10
     left = []
     while time.monotonic() < deadline:
-        left = [c for c in me.children(recursive=True) if not gone(c.pid)]
+        left = [c for c in me.children(recursive=True)
+                if c.pid not in before and not gone(c.pid)]
         if not left:
             return
         time.sleep(0.05)
