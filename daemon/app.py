@@ -124,6 +124,9 @@ class Daemon:
         elif kind == "ChildStarted" and role == "producer":
             for c in self.topology.processors:
                 self.hub.command(c, "resubscribe", producer=child_id)
+        elif kind == "ChildStarted" and role == "processor":
+            for b in self.topology.batchers:
+                self.hub.command(b, "resubscribe", producer=child_id)
 
     def _drain_command(self, stage_id: str) -> None:
         role = self.topology.roles.get(stage_id)

@@ -135,6 +135,13 @@ class BatcherStage(Stage):
         self.finished = True
         self.downstream.cancel_all("shutdown")
 
+    def cmd_resubscribe(self, producer: str) -> None:
+        """A processor restarted without us (an operator restart under one_for_all): it
+        knows no subscription of ours, and we would wait for its events forever."""
+        up = self.subs.find(producer)
+        if up is not None and self.subs.resubscribe:
+            self.subs.subscribe(up)
+
     def cmd_flush(self) -> None:
         """Operator drain: emit partial batches now instead of at their timeout."""
         self._emit(self.acc.flush())
