@@ -1,9 +1,12 @@
 """End-to-end throughput: the real daemon against the bare ZeroMQ ceiling, in one run.
 
     .venv/bin/python bench/throughput.py [--messages 2000000] [--dispatcher spread demand]
+        [--producers 1 10] [--max-demand 10]
 
-Pipeline: generator source (1 producer), processors concurrency 2, one batcher with
-batch_size 100 and one batch processor, handlers that do nothing (issue 3's set-up).  The
+Pipeline: generator source (1 producer, or each of ``--producers``; ``count`` split among
+them), processors concurrency 2 (``max_demand`` 10, or ``--max-demand`` per dispatcher),
+one batcher with batch_size 100 and one batch processor, handlers that do nothing (issue
+3's set-up).  ``events_per_frame`` is what the processors received per EVENTS frame.  The
 daemon's rate is taken from its own status counters between the first acked message and
 the last one, so process start-up is not counted.  The ceiling is the same five processes
 (generator → 2 workers → collector → sink) passing msgpack frames of 100 events over
@@ -163,7 +166,8 @@ class Noop(Pipeline):
 '''
 
 
-def daemon_run(messages: int, payload_bytes: int, dispatcher: str) -> dict:
+def daemon_run(messages: int, payload_bytes: int, dispatcher: str, producers: int = 1,
+               max_demand: int = 10) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="obd-", dir="/tmp"))
     (tmp / "bench_noop.py").write_text(HANDLER)
     config = tmp / "bench.toml"
@@ -174,15 +178,16 @@ handler = "bench_noop:Noop"
 
 [producer]
 source = "generator"
-concurrency = 1
+concurrency = {producers}
 dispatcher = "{dispatcher}"
 
 [producer.options]
-count = {messages}
+count = {messages // producers}
 payload_bytes = {payload_bytes}
 
 [processors.default]
 concurrency = 2
+max_demand = {max_demand}
 
 [batchers.sink]
 batch_size = 100
@@ -206,6 +211,7 @@ state_dir = "{tmp}/state"
     first: tuple[float, int] | None = None
     last: tuple[float, int] = (time.perf_counter(), 0)
     peak = 0
+    frames: dict[str, tuple[int, int]] = {}
     while daemon.poll() is None:
         try:
             status = control.request(sock, {"cmd": "status"}, timeout=5)["status"]
@@ -213,6 +219,7 @@ state_dir = "{tmp}/state"
             time.sleep(0.1)
             continue
         acked = _producer_acked(status["tree"])
+        _processor_frames(status["tree"], frames)
         now = time.perf_counter()
         if acked and first is None:
             first = (now, acked)
@@ -225,8 +232,20 @@ state_dir = "{tmp}/state"
     if daemon.returncode != 0 or first is None:
         raise SystemExit(f"daemon failed ({daemon.returncode}):\n{err[-3000:]}")
     n = last[1] - first[1]
+    events_in = sum(e for e, _ in frames.values())
+    frames_in = sum(f for _, f in frames.values())
     return {"events": last[1], "seconds": last[0] - first[0],
-            "rate": n / (last[0] - first[0]), "peak_pss_bytes": peak}
+            "rate": n / (last[0] - first[0]), "peak_pss_bytes": peak,
+            "events_per_frame": events_in / frames_in if frames_in else None}
+
+
+def _processor_frames(tree: dict, seen: dict[str, tuple[int, int]]) -> None:
+    """Processors' (events, event frames) received, as last reported (stats lag 1 s)."""
+    if tree["id"].startswith("processor_") and "event_frames" in tree.get("messages", {}):
+        m = tree["messages"]
+        seen[tree["id"]] = (m.get("in", 0), m["event_frames"])
+    for child in tree.get("children", []):
+        _processor_frames(child, seen)
 
 
 def _producer_acked(tree: dict) -> int:
@@ -243,15 +262,25 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=2_000_000)
     ap.add_argument("--payload-bytes", type=int, default=100)
     ap.add_argument("--dispatcher", nargs="+", default=["spread"])
+    ap.add_argument("--producers", nargs="+", type=int, default=[1])
+    ap.add_argument("--max-demand", nargs="+", type=int, default=[10],
+                    help="processors' max_demand, per dispatcher in --dispatcher order")
     args = ap.parse_args()
     results = {"machine": f"{os.cpu_count()} cores, {psutil.virtual_memory().total >> 30} GiB",
                "ceiling": bare_ceiling(args.messages, args.payload_bytes)}
-    for d in args.dispatcher:
-        results[d] = daemon_run(args.messages, args.payload_bytes, d)
-        results[d]["ratio_to_ceiling"] = results[d]["rate"] / results["ceiling"]["rate"]
-    if len(args.dispatcher) > 1:
-        a, b = args.dispatcher[:2]
-        results[f"{a}/{b}"] = results[a]["rate"] / results[b]["rate"]
+    for producers in args.producers:
+        # the key is the dispatcher alone for 1 producer (the historical output)
+        suffix = "" if producers == 1 else f"@{producers}p"
+        demands = dict(zip(args.dispatcher, args.max_demand * len(args.dispatcher)))
+        for d in args.dispatcher:
+            r = daemon_run(args.messages, args.payload_bytes, d, producers, demands[d])
+            r["max_demand"] = demands[d]
+            r["ratio_to_ceiling"] = r["rate"] / results["ceiling"]["rate"]
+            results[d + suffix] = r
+        if len(args.dispatcher) > 1:
+            a, b = args.dispatcher[:2]
+            results[f"{a}/{b}{suffix}"] = (results[a + suffix]["rate"] /
+                                           results[b + suffix]["rate"])
     print(json.dumps(results, indent=2))
 
 

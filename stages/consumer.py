@@ -1,49 +1,100 @@
 """The consumer half shared by processors, batchers and batch processors.
 
-GenStage's automatic demand, per upstream producer: subscribe, ask ``max_demand``, and
-after handling ``max_demand - min_demand`` events from that producer ask for that many
-again.  A stage may hold back re-asking (``can_ask``) when its own output is backed up:
-that is how back-pressure reaches the source.
+Two ways to ask for events, chosen per stage:
 
-An upstream that cancels with "shutdown" is done; when every upstream is done the stage
-flushes (``on_upstream_done``).  An upstream that restarted (it answers an ask with
-"unknown subscription", or the daemon says so) is subscribed to afresh.
+* **Per upstream** (GenStage's automatic demand; batchers and batch processors, and
+  processors whose producers run the plain ``demand`` dispatcher): subscribe, ask
+  ``max_demand`` from each upstream, and after handling ``max_demand - min_demand`` events
+  from it ask for that many again.
+* **One budget** (``budget=True``, processors): ``max_demand`` units shared by all the
+  producers, placed and moved by :class:`.demand.DemandBudget`; this module only turns its
+  actions into ASK / RETRACT frames and tells it what happened.  A producer's SUBSCRIBED
+  answer says which dispatcher it runs; under ``demand`` the subscription falls back to
+  per upstream, so ``dispatcher = "demand"`` stays plain GenStage end to end, the baseline
+  the benchmarks compare against.
+
+A stage may hold back asking (``can_ask``) when its own output is backed up: that is how
+back-pressure reaches the source.  An upstream that cancels with "shutdown" is done; when
+every upstream is done the stage flushes (``on_upstream_done``).  An upstream that
+restarted (it answers an ask with "unknown subscription", or the daemon says so) is
+subscribed to afresh.
+
+With long jobs the budget keeps only what it can start soon: :meth:`Subscriptions.shed`
+gives the rest of a processor's inbox back to the producers (RETURN).
+
+Idleness, which the budget needs, is observed here: no events for :data:`IDLE_AFTER`
+seconds after the last ones were handled.  The delay is hysteresis: under load the next
+frame comes within a round trip, so demand is not re-spread between frames.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 import zmq
 
 from . import protocol
+from .demand import ASK, Action, DemandBudget
+
+#: seconds without events after which a budgeted consumer counts as idle
+IDLE_AFTER = 0.02
+#: seconds between moves of an idle consumer's cover when producers outnumber its units
+ROTATE_EVERY = 0.25
+#: how long a consumer of long jobs waking from idle waits for more frames before it
+#: starts: its idle spread may have drawn jobs from several producers at once, and the
+#: ones still on the wire are given back only if they are here before the job starts
+GATHER_FOR = 0.003
+
+PENDING, CLASSIC, BUDGET = "pending", "classic", "budget"
 
 
 class Upstream:
-    __slots__ = ("consumed", "done", "partition", "sock", "stage_id")
+    __slots__ = ("consumed", "done", "index", "mode", "partition", "ref", "sock", "stage_id")
 
-    def __init__(self, stage_id: str, sock: zmq.Socket, partition) -> None:
+    def __init__(self, stage_id: str, sock: zmq.Socket, partition, index: int) -> None:
         self.stage_id = stage_id
         self.sock = sock
-        self.consumed = 0      # events handled since the last ask
+        self.index = index
+        self.consumed = 0      # per-upstream mode: events handled since the last ask
         self.done = False
         self.partition = partition
+        self.mode = CLASSIC    # budgeted consumers: PENDING until SUBSCRIBED says
+        self.ref = 0           # of our latest SUBSCRIBE: only its SUBSCRIBED counts
 
 
 class Subscriptions:
     """The upstream side of one consumer stage."""
 
     def __init__(self, max_demand: int, min_demand: int,
-                 can_ask: Callable[[], bool] = lambda: True) -> None:
+                 can_ask: Callable[[], bool] = lambda: True, *, budget: bool = False,
+                 index: int = 0,
+                 call_later: Callable[[float, Callable[[], None]], None] | None = None
+                 ) -> None:
         self.max_demand = max_demand
         self.ask_every = max(1, max_demand - min_demand)
         self.can_ask = can_ask
         self.upstreams: list[Upstream] = []
         self.by_sock: dict[zmq.Socket, Upstream] = {}
         self.resubscribe = True
+        self.budget: DemandBudget | None = None
+        if budget:
+            if call_later is None:
+                raise ValueError("a budgeted consumer needs call_later to notice idleness")
+            self.budget = DemandBudget(max_demand, max_demand - self.ask_every, index=index,
+                                       timed=True)
+        self.call_later = call_later
+        self._activity = 0             # frames received or handled, for the idle check
+        self._armed_at = 0
+        self._idle_check_armed = False
+        self._rotating = False
+        self.counters = {"asks": 0, "retracts": 0, "event_frames": 0, "returned": 0}
 
+    # -- subscribing ----------------------------------------------------------------------
     def add(self, stage_id: str, sock: zmq.Socket, partition=None) -> Upstream:
-        up = Upstream(stage_id, sock, partition)
+        index = self.budget.add() if self.budget is not None else len(self.upstreams)
+        up = Upstream(stage_id, sock, partition, index)
         self.upstreams.append(up)
         self.by_sock[sock] = up
         self.subscribe(up)
@@ -53,34 +104,204 @@ class Subscriptions:
         up.consumed = 0
         up.done = False
         min_demand = self.max_demand - self.ask_every
-        up.sock.send(protocol.subscribe(self.max_demand, min_demand, up.partition), zmq.NOBLOCK)
-        up.sock.send(protocol.ask(self.max_demand), zmq.NOBLOCK)
+        up.ref += 1
+        up.sock.send(protocol.subscribe(self.max_demand, min_demand, up.partition, up.ref),
+                     zmq.NOBLOCK)
+        if self.budget is None:
+            self._send_ask(up, self.max_demand)
+            return
+        # ask nothing before SUBSCRIBED: it fences off whatever an earlier subscription
+        # left in flight, and says whether the producer runs plain GenStage
+        up.mode = PENDING
+        self._apply(self.budget.unsubscribed(up.index))
 
-    def consumed(self, up: Upstream, n: int) -> None:
+    def on_frame(self, up: Upstream, msg: list) -> None:
+        """SUBSCRIBED, RETRACTED and CANCEL from an upstream (events go through
+        :meth:`received` and :meth:`consumed`)."""
+        kind = msg[0]
+        if kind == protocol.CANCEL:
+            self.cancelled(up, msg[1])
+        elif self.budget is None or (up.mode == CLASSIC and kind != protocol.SUBSCRIBED):
+            return
+        elif kind == protocol.SUBSCRIBED:
+            if msg[2] != up.ref:
+                return                 # answers an earlier SUBSCRIBE; ours is on its way
+            up.consumed = 0
+            if msg[1] == "demand":
+                up.mode = CLASSIC
+                self._send_ask(up, self.max_demand)
+            else:
+                up.mode = BUDGET
+                self.budget.report_busy = msg[1] == "spread"
+                self._sync_hold()
+                self._apply(self.budget.subscribed(up.index))
+        elif kind == protocol.RETRACTED:
+            self._sync_hold()
+            self._apply(self.budget.retracted(up.index, msg[1]))
+
+    # -- events ---------------------------------------------------------------------------
+    def received(self, up: Upstream, n: int) -> bool:
+        """``n`` events from ``up`` arrived; call before handling them, so a consumer that
+        was idle reports itself busy before it starts.  True when the budget counts them:
+        pass that to :meth:`consumed` (a resubscription in between changes the mode)."""
+        self.counters["event_frames"] += 1
+        if self.budget is None or up.mode == CLASSIC:
+            return False
+        self._apply(self.budget.received(up.index, n))
+        self._active()
+        return True
+
+    def consumed(self, up: Upstream, n: int, seconds: float | None = None,
+                 budgeted: bool | None = None) -> None:
+        """``n`` events from ``up`` were handled (in ``seconds``: the budget's pace);
+        ``budgeted`` as :meth:`received` said."""
+        if budgeted is None:
+            budgeted = self.budget is not None and up.mode != CLASSIC
+        if budgeted and self.budget is not None:
+            self._sync_hold()
+            self._apply(self.budget.finished(n, seconds))
+            self._active()
+            return
         up.consumed += n
         if up.consumed >= self.ask_every and self.can_ask():
-            up.sock.send(protocol.ask(up.consumed), zmq.NOBLOCK)
+            self._send_ask(up, up.consumed)
             up.consumed = 0
 
     def release(self) -> None:
         """Output drained: send the asks that back-pressure held back."""
         for up in self.upstreams:
-            if up.consumed >= self.ask_every and not up.done:
-                up.sock.send(protocol.ask(up.consumed), zmq.NOBLOCK)
+            if up.mode == CLASSIC and up.consumed >= self.ask_every and not up.done:
+                self._send_ask(up, up.consumed)
                 up.consumed = 0
+        if self.budget is not None and self.budget.hold:
+            self._apply(self.budget.set_hold(False))
 
     def cancelled(self, up: Upstream, reason: str) -> None:
         if reason == "unknown subscription":
             if self.resubscribe:
                 self.subscribe(up)
+            elif self.budget is not None and up.mode != CLASSIC:
+                self._apply(self.budget.unsubscribed(up.index))
         else:
             up.done = True
+            if self.budget is not None:
+                self._sync_hold()
+                self._apply(self.budget.done(up.index))
 
+    def sheds(self) -> bool:
+        """Whether received events are worth looking ahead at before starting the next:
+        only when the budget would keep fewer than ``max_demand`` (long jobs)."""
+        b = self.budget
+        return b is not None and b.report_busy and b.prefetch() < b.max_demand
+
+    def gather_for(self) -> float:
+        """Seconds to wait for frames still on the wire before starting (once per wake
+        from idle, long jobs only; see :data:`GATHER_FOR`)."""
+        b = self.budget
+        if b is None or not b.woke:
+            return 0.0
+        b.woke = False
+        return GATHER_FOR
+
+    def shed(self, inbox: deque[tuple[Upstream, list, bool]]) -> None:
+        """Keep the oldest events the budget allows in ``inbox`` (frames received, not
+        started: upstream, events, budgeted) and RETURN the rest to their producers, so
+        long jobs that arrived together go to whichever consumer frees up first."""
+        budget = self.budget
+        if budget is None:
+            return
+        # an upstream that is done (drained) takes nothing back: those events stay here
+        waiting = sum(len(evs) for up, evs, budgeted in inbox if budgeted and not up.done)
+        keep = budget.keep(waiting)
+        if keep >= waiting:
+            return
+        kept: deque[tuple[Upstream, list, bool]] = deque()
+        back: dict[int, tuple[Upstream, list]] = {}
+        for up, evs, budgeted in inbox:
+            if not budgeted or up.done:
+                kept.append((up, evs, budgeted))
+                continue
+            take = min(keep, len(evs))
+            keep -= take
+            if take:
+                kept.append((up, evs[:take] if take < len(evs) else evs, True))
+            if take < len(evs):
+                back.setdefault(up.index, (up, []))[1].extend(evs[take:])
+        inbox.clear()
+        inbox.extend(kept)
+        for up, evs in back.values():
+            up.sock.send(protocol.give_back(evs), zmq.NOBLOCK)
+            self.counters["returned"] += len(evs)
+            self._sync_hold()
+            self._apply(budget.returned(len(evs)))
+
+    # -- idleness -------------------------------------------------------------------------
+    def _active(self) -> None:
+        """Events arrived or were handled: idle is IDLE_AFTER seconds after the last of
+        either (after a long job, its re-ask gets the time to be answered)."""
+        self._activity += 1
+        if not self._idle_check_armed:
+            self._idle_check_armed = True
+            self._armed_at = self._activity
+            self.call_later(IDLE_AFTER, self._check_idle)
+
+    def _check_idle(self) -> None:
+        self._idle_check_armed = False
+        budget = self.budget
+        if budget is None or budget.is_idle:
+            return
+        if self._activity != self._armed_at or budget.held:
+            self._idle_check_armed = True
+            self._armed_at = self._activity
+            self.call_later(IDLE_AFTER, self._check_idle)
+            return
+        self._sync_hold()
+        self._apply(budget.idle())
+        if budget.needs_rotation and not self._rotating:
+            self._rotating = True
+            self.call_later(ROTATE_EVERY, self._rotate)
+
+    def _rotate(self) -> None:
+        budget = self.budget
+        if budget is None or not budget.is_idle or not budget.needs_rotation:
+            self._rotating = False
+            return
+        self._sync_hold()
+        self._apply(budget.rotate())
+        self.call_later(ROTATE_EVERY, self._rotate)
+
+    # -- frames ---------------------------------------------------------------------------
+    def _sync_hold(self) -> None:
+        """Back-pressure is the stage's to judge; the budget asks nothing while it holds."""
+        if self.budget is not None:
+            self.budget.hold = not self.can_ask()
+
+    def _apply(self, actions: list[Action]) -> None:
+        for kind, i, n in actions:
+            up = self.upstreams[i]
+            if kind == ASK:
+                self._send_ask(up, n)
+            else:
+                self.counters["retracts"] += 1
+                up.sock.send(protocol.retract(n), zmq.NOBLOCK)
+
+    def _send_ask(self, up: Upstream, n: int) -> None:
+        self.counters["asks"] += 1
+        up.sock.send(protocol.ask(n), zmq.NOBLOCK)
+
+    # -- views ----------------------------------------------------------------------------
     def find(self, stage_id: str) -> Upstream | None:
         for up in self.upstreams:
             if up.stage_id == stage_id:
                 return up
         return None
+
+    def stats(self) -> dict[str, Any]:
+        s: dict[str, Any] = dict(self.counters)
+        if self.budget is not None:
+            s.update(demand_out=sum(self.budget.out(up.index) for up in self.upstreams),
+                     strays=self.budget.strays, idles=self.budget.idles)
+        return s
 
     @property
     def all_done(self) -> bool:

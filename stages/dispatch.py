@@ -4,7 +4,11 @@ Pure and synchronous on purpose (ARCHITECTURE §9): the stage loops own the sock
 call these per incoming frame, so every rule about demand can be tested without a process.
 A consumer is known by its ZeroMQ routing id (``bytes``).  Demand is GenStage's: a
 consumer subscribes with a ``max_demand``, asks for ``n`` more at a time, and a dispatcher
-never hands a consumer more than it has asked for and not yet received.
+never hands a consumer more than it has asked for and not yet received.  A consumer may
+also *retract* unmet demand (``retract(consumer, n)`` takes back up to ``n`` and says how
+much), which is how a processor's one budget moves between producers (:mod:`.demand`).
+Each dispatcher names its ``policy`` ("spread", "demand", "partition"), which the ROUTER
+side tells every new subscriber.
 
 ``dispatch(items)`` returns ``(deliveries, leftovers)``.  Each delivery is
 ``(consumer, items)`` with *all* of that call's items for that consumer in one list,
@@ -44,7 +48,12 @@ class Dispatcher(Protocol):
 
     def subscribe(self, consumer: bytes, max_demand: int, partition: Any = None) -> None: ...
 
+    #: told to each consumer in SUBSCRIBED: "spread", "demand" or "partition"
+    policy: str
+
     def ask(self, consumer: bytes, n: int) -> None: ...
+
+    def retract(self, consumer: bytes, n: int) -> int: ...
 
     def cancel(self, consumer: bytes) -> None: ...
 
@@ -64,6 +73,11 @@ def _check_max_demand(max_demand: int) -> None:
 def _check_ask(n: int) -> None:
     if n < 0:
         raise ValueError(f"cannot ask for {n!r} events")
+
+
+def _check_retract(n: int) -> None:
+    if n < 0:
+        raise ValueError(f"cannot retract {n!r} events")
 
 
 # -- idle-first ---------------------------------------------------------------------------------
@@ -93,6 +107,8 @@ class SpreadDispatcher:
     O(C log max_demand) integer arithmetic plus C slices, whatever the number of events.
     """
 
+    policy = "spread"
+
     def __init__(self, offset: int = 0) -> None:
         self._order: list[bytes] = []            # consumers sorted by routing id
         self._demand: dict[bytes, int] = {}      # outstanding demand per consumer
@@ -121,6 +137,19 @@ class SpreadDispatcher:
         _check_ask(n)
         self._demand[consumer] += n
         self._total += n
+
+    def retract(self, consumer: bytes, n: int) -> int:
+        """Take back up to ``n`` of the consumer's unmet demand; how much was taken.
+
+        :class:`KeyError` if it is not subscribed.  The caller answers RETRACTED with the
+        result *after* every event already sent to that consumer, which is what makes the
+        consumer's accounting exact (:mod:`.demand`).
+        """
+        _check_retract(n)
+        k = min(n, self._demand[consumer])
+        self._demand[consumer] -= k
+        self._total -= k
+        return k
 
     def cancel(self, consumer: bytes) -> None:
         """Forget the consumer and its demand (unknown consumers are ignored)."""
@@ -245,6 +274,8 @@ class GenStageDemandDispatcher:
     consumer's demand simply stops counting.
     """
 
+    policy = "demand"
+
     def __init__(self) -> None:
         self._demands: list[list[Any]] = []      # [demand, consumer], biggest first
         self._max: dict[bytes, int] = {}
@@ -264,6 +295,18 @@ class GenStageDemandDispatcher:
         current = self._pop(consumer)
         self._insert(current + n, consumer)
         self._total += n
+
+    def retract(self, consumer: bytes, n: int) -> int:
+        """As :meth:`SpreadDispatcher.retract` (GenStage has no such message; a plain
+        GenStage consumer never sends it, but answering it keeps the protocol total)."""
+        _check_retract(n)
+        if consumer not in self._max:
+            raise KeyError(consumer)
+        current = self._pop(consumer)
+        k = min(n, current)
+        self._insert(current - k, consumer)
+        self._total -= k
+        return k
 
     def cancel(self, consumer: bytes) -> None:
         if self._max.pop(consumer, None) is None:
@@ -335,6 +378,8 @@ class PartitionDispatcher:
     until their consumer asks again.
     """
 
+    policy = "partition"
+
     def __init__(self, partitions: Iterable[Hashable], key: Callable[[Any], Hashable]) -> None:
         self._parts: dict[Any, SpreadDispatcher] = {p: SpreadDispatcher() for p in partitions}
         self._key = key
@@ -356,6 +401,11 @@ class PartitionDispatcher:
         part = self._parts[self._where[consumer]]
         part.ask(consumer, n)
         self._total += n
+
+    def retract(self, consumer: bytes, n: int) -> int:
+        k = self._parts[self._where[consumer]].retract(consumer, n)
+        self._total -= k
+        return k
 
     def cancel(self, consumer: bytes) -> None:
         """Forget the consumer and its demand (unknown consumers are ignored)."""

@@ -5,8 +5,14 @@ a ROUTER that consumers subscribe to; this class is that shared half, so the rul
 one place: a subscription the dispatcher refuses is cancelled back ("bad subscription"), an
 ask from a consumer we do not know is answered "unknown subscription" (we restarted, so it
 must subscribe again), a send that fails means the consumer is gone (ROUTER_MANDATORY) and
-its events go back to be dispatched to the others.  Frames other than subscribe / ask /
-cancel (a producer's ACKs) are handed to the stage.
+its events go back to be dispatched to the others.  A subscription is answered SUBSCRIBED
+with the dispatcher's policy (the consumer asks nothing before it), a RETRACT with
+RETRACTED and the amount actually taken back; both answers go out after every event already
+sent to that consumer, which is what makes the consumer's demand accounting exact
+(:mod:`.demand`).  Events a consumer gives back unstarted (RETURN) go to ``on_return``
+(producers put them back in their buffer; other stages refuse them as malformed).
+Frames other than subscribe / ask / retract / return / cancel (a producer's ACKs) are
+handed to the stage.
 """
 
 from __future__ import annotations
@@ -26,10 +32,12 @@ READ_BURST = 1000
 class Downstream:
     def __init__(self, stage: Any, dispatcher: Dispatcher,
                  on_frame: Callable[[bytes, list], None] | None = None,
-                 on_change: Callable[[], None] = lambda: None) -> None:
+                 on_change: Callable[[], None] = lambda: None,
+                 on_return: Callable[[bytes, list], None] | None = None) -> None:
         self.stage = stage
         self.dispatcher = dispatcher
         self.on_frame = on_frame
+        self.on_return = on_return
         self.on_change = on_change
         self.closed = False          # after cancel_all: late subscribers are told at once
         self.sock = stage.router()
@@ -55,6 +63,13 @@ class Downstream:
                     self.dispatcher.ask(peer, msg[1])
                 except KeyError:
                     self.send(peer, protocol.cancel("unknown subscription"))
+            elif kind == protocol.RETRACT:
+                try:
+                    taken = self.dispatcher.retract(peer, msg[1])
+                except KeyError:
+                    self.send(peer, protocol.cancel("unknown subscription"))
+                else:
+                    self.send(peer, protocol.retracted(taken))
             elif kind == protocol.SUBSCRIBE:
                 try:
                     self.dispatcher.subscribe(peer, msg[1], msg[3])
@@ -62,8 +77,14 @@ class Downstream:
                     stage.counters["malformed"] += 1
                     self.send(peer, protocol.cancel(f"bad subscription: {exc}"))
                     continue
+                self.send(peer, protocol.subscribed(self.dispatcher.policy, msg[4]))
                 if self.closed:
                     self.send(peer, protocol.cancel("shutdown"))
+            elif kind == protocol.RETURN:
+                if self.on_return is None:
+                    stage.counters["malformed"] += 1
+                else:
+                    self.on_return(peer, msg[1])
             elif kind == protocol.CANCEL:
                 self.dispatcher.cancel(peer)
             elif self.on_frame is not None:

@@ -1,6 +1,9 @@
 """The processor stage: ``prepare_messages`` and ``handle_message`` on every message.
 
-It consumes from every producer (GenStage demand, see :mod:`.consumer`).  Without
+It consumes from every producer with one demand budget (:mod:`.consumer`,
+:mod:`.demand`).  Frames are read into an inbox before they are handled, so that with long
+jobs it can look at everything already received and give back (RETURN) what another
+processor should start instead of queueing it behind the current job.  Without
 batchers it acks each frame's messages to their producers as soon as they are handled;
 with batchers it is a producer-consumer: healthy messages go on, partitioned by batcher
 key, to the batchers that subscribe to it.  A callback that raises fails only the messages
@@ -11,13 +14,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from typing import Any
 
 import zmq
 
 from . import callbacks, protocol
 from .acker import Acker
-from .consumer import Subscriptions
+from .consumer import Subscriptions, Upstream
 from .dispatch import PartitionDispatcher
 from .downstream import Downstream
 from .spec import StageSpec
@@ -35,8 +39,11 @@ class ProcessorStage(Stage):
         self.out_limit = max(1000, 10 * spec.max_demand)
         self.out: list[list] = []
         self.subs = Subscriptions(spec.max_demand, spec.min_demand,
-                                  can_ask=lambda: len(self.out) < self.out_limit)
+                                  can_ask=lambda: len(self.out) < self.out_limit,
+                                  budget=True, index=spec.index, call_later=self.call_later)
         self.finished = False
+        #: frames received and not yet handled: (upstream, events, counted by the budget)
+        self.inbox: deque[tuple[Upstream, list, bool]] = deque()
 
     def setup(self) -> None:
         if self.batchers:
@@ -54,25 +61,54 @@ class ProcessorStage(Stage):
     def stats(self) -> dict[str, Any]:
         s = super().stats()
         s["buffered"] = len(self.out)
+        s.update(self.subs.stats())
         return s
 
     # -- upstream ---------------------------------------------------------------------------
     def _on_upstream(self, sock: zmq.Socket) -> None:
-        up = self.subs.by_sock[sock]
-        for _ in range(100):
+        self._read(self.subs.by_sock[sock])
+        inbox = self.inbox
+        while inbox:
+            if self.subs.sheds():
+                # long jobs: look at everything already here before starting the next one
+                # and give back what another processor should start instead
+                self._gather(self.subs.gather_for())
+                self.subs.shed(inbox)
+                if not inbox:
+                    break
+            up, events, budgeted = inbox.popleft()
+            started = time.perf_counter()
+            self._handle(events)
+            self.subs.consumed(up, len(events), time.perf_counter() - started, budgeted)
+        self._maybe_finish()
+
+    def _gather(self, wait: float) -> None:
+        """Read every upstream, and with ``wait`` go on reading for that many seconds (a
+        wake from idle: events racing our busy report)."""
+        ups = self.subs.upstreams
+        for up in ups:
+            self._read(up)
+        deadline = time.monotonic() + wait
+        while (left := deadline - time.monotonic()) > 0:
+            if zmq.select([up.sock for up in ups], [], [], left)[0]:
+                for up in ups:
+                    self._read(up)
+
+    def _read(self, up: Upstream, limit: int = 100) -> None:
+        """Up to ``limit`` frames from ``up``: events to the inbox (the subscriptions are
+        told they arrived), anything else to the subscriptions."""
+        for _ in range(limit):
             try:
-                frame = sock.recv(zmq.NOBLOCK)
+                frame = up.sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 break
             msg = self.decode(frame, up.stage_id)
             if msg is None:
                 continue
             if msg[0] == protocol.EVENTS:
-                self._handle(msg[1])
-                self.subs.consumed(up, len(msg[1]))
-            elif msg[0] == protocol.CANCEL:
-                self.subs.cancelled(up, msg[1])
-        self._maybe_finish()
+                self.inbox.append((up, msg[1], self.subs.received(up, len(msg[1]))))
+            else:
+                self.subs.on_frame(up, msg)
 
     def _handle(self, events: list) -> None:
         if not events:

@@ -62,12 +62,13 @@ class ProducerStage(Stage):
         self._retry_pending = False
         self._idle: bool | None = None
         self._settled_reported = False
-        self.counters.update(requeued=0, unknown_acks=0)
+        self.counters.update(requeued=0, unknown_acks=0, returned=0, stale_returns=0)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def setup(self) -> None:
         self.source.open()
-        self.downstream = Downstream(self, self.dispatcher, self._on_frame, self._on_burst)
+        self.downstream = Downstream(self, self.dispatcher, self._on_frame, self._on_burst,
+                                     self._on_return)
         fd = self.source.fileno()
         if fd is not None:
             self.register_fd(fd, self.pump)
@@ -99,6 +100,24 @@ class ProducerStage(Stage):
             self._settle(self._acks, self._fails)
             self._acks, self._fails = [], []
         self.pump()
+
+    def _on_return(self, peer: bytes, events: list) -> None:
+        """A consumer gives back events it will not start soon: first in line again (the
+        burst's pump dispatches them).  Only our own events still in flight and not
+        already waiting here are taken: anything else is a stale or broken frame."""
+        index, inflight = self.spec.index, self.inflight
+        waiting = {ev[1] for ev in self.buffer}
+        back = []
+        for ev in events:
+            token = ev[1]
+            if ev[0] == index and token in inflight and token not in waiting:
+                waiting.add(token)
+                back.append(ev)
+        # stale: given back after a requeue already handed them to the source again
+        self.counters["returned"] += len(back)
+        self.counters["stale_returns"] += len(events) - len(back)
+        if back:
+            self.buffer = back + self.buffer
 
     def _settle(self, ok: list, failed: list) -> None:
         handles, failures = self.inflight.settle(ok, failed)

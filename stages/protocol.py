@@ -12,13 +12,26 @@ Data plane (GenStage's messages):
 =============  ====================  ====================================================
 kind           direction             fields
 =============  ====================  ====================================================
-SUBSCRIBE      consumer → producer   max_demand, min_demand, partition (or None)
+SUBSCRIBE      consumer → producer   max_demand, min_demand, partition (or None), ref (int)
+SUBSCRIBED     producer → consumer   policy (str): the producer's dispatcher, "spread",
+                                     "demand" or "partition"; ref echoed from SUBSCRIBE
 ASK            consumer → producer   n (new demand, added to what is outstanding)
+RETRACT        consumer → producer   n: take back up to n of the consumer's unmet demand
+RETRACTED      producer → consumer   k: how much was taken back (k ≤ n, k ≤ unmet demand)
+RETURN         consumer → producer   events it received and will not start soon (long jobs
+                                     that arrived together): back to the producer's buffer
 EVENTS         producer → consumer   events: list of event arrays (many per frame)
 CANCEL         either way            reason (str); from a producer it also means "done"
 ACK            finisher → origin     ok tokens, failed [token, reason] pairs
 BATCH          batcher → batch proc  batch_key, trigger, events (one batch per frame)
 =============  ====================  ====================================================
+
+SUBSCRIBED and RETRACTED are exact because ZeroMQ keeps order per connection: every event
+the producer sent before answering reaches the consumer before the answer, so after
+SUBSCRIBED the consumer's unmet demand there is exactly 0, and after RETRACTED k it is
+exactly what it was minus the events received minus k (see :mod:`.demand`).  The ref tells
+the answer to the latest SUBSCRIBE from the answer to an earlier one (a subscription sent
+again after a producer restart can meet one still queued for the new incarnation).
 
 An *event* is ``[origin, token, id, data, metadata, batcher, batch_key, status]``: the
 producer index and in-flight token that address its acknowledgement, then the message.
@@ -49,13 +62,19 @@ EVENTS = 3
 CANCEL = 4
 ACK = 5
 BATCH = 6
+SUBSCRIBED = 7
+RETRACT = 8
+RETRACTED = 9
 COMMAND = 10
 REPORT = 11
+RETURN = 12
 
 #: kind -> number of fields after [VERSION, KIND]
-_ARITY = {SUBSCRIBE: 3, ASK: 1, EVENTS: 1, CANCEL: 1, ACK: 2, BATCH: 3, COMMAND: 2, REPORT: 2}
+_ARITY = {SUBSCRIBE: 4, ASK: 1, EVENTS: 1, CANCEL: 1, ACK: 2, BATCH: 3, SUBSCRIBED: 2,
+          RETRACT: 1, RETRACTED: 1, RETURN: 1, COMMAND: 2, REPORT: 2}
 KIND_NAMES = {SUBSCRIBE: "subscribe", ASK: "ask", EVENTS: "events", CANCEL: "cancel",
-              ACK: "ack", BATCH: "batch", COMMAND: "command", REPORT: "report"}
+              ACK: "ack", BATCH: "batch", SUBSCRIBED: "subscribed", RETRACT: "retract",
+              RETRACTED: "retracted", RETURN: "return", COMMAND: "command", REPORT: "report"}
 
 
 class ProtocolError(ValueError):
@@ -72,12 +91,29 @@ def _frame(*parts: Any) -> bytes:
 
 # -- encoders -------------------------------------------------------------------------------
 
-def subscribe(max_demand: int, min_demand: int, partition: Any = None) -> bytes:
-    return _frame(SUBSCRIBE, max_demand, min_demand, partition)
+def subscribe(max_demand: int, min_demand: int, partition: Any = None, ref: int = 0) -> bytes:
+    return _frame(SUBSCRIBE, max_demand, min_demand, partition, ref)
+
+
+def subscribed(policy: str, ref: int) -> bytes:
+    return _frame(SUBSCRIBED, policy, ref)
 
 
 def ask(n: int) -> bytes:
     return _frame(ASK, n)
+
+
+def retract(n: int) -> bytes:
+    return _frame(RETRACT, n)
+
+
+def retracted(k: int) -> bytes:
+    return _frame(RETRACTED, k)
+
+
+def give_back(evs: Sequence[Sequence[Any]]) -> bytes:
+    """RETURN: events received and not started, for their producer to dispatch again."""
+    return _frame(RETURN, evs)
 
 
 def events(evs: Sequence[Sequence[Any]]) -> bytes:
@@ -132,14 +168,19 @@ def decode(frame: bytes) -> list:
 
 def _check_fields(msg: list) -> None:
     kind = msg[0]
-    if kind == ASK:
-        if not isinstance(msg[1], int) or msg[1] < 0:
-            raise ProtocolError(f"ask of {msg[1]!r}")
+    if kind in (ASK, RETRACT, RETRACTED):
+        if not isinstance(msg[1], int) or isinstance(msg[1], bool) or msg[1] < 0:
+            raise ProtocolError(f"{KIND_NAMES[kind]} of {msg[1]!r}")
+    elif kind == SUBSCRIBED:
+        if not isinstance(msg[1], str) or not isinstance(msg[2], int):
+            raise ProtocolError("subscribed needs a policy and a ref")
     elif kind == SUBSCRIBE:
         if not (isinstance(msg[1], int) and isinstance(msg[2], int) and 0 <= msg[2] <= msg[1]
                 and msg[1] > 0):
             raise ProtocolError(f"subscribe with max/min demand {msg[1]!r}/{msg[2]!r}")
-    elif kind == EVENTS:
+        if not isinstance(msg[4], int):
+            raise ProtocolError(f"subscribe with ref {msg[4]!r}")
+    elif kind in (EVENTS, RETURN):
         _check_events(msg[1])
     elif kind == BATCH:
         if not isinstance(msg[2], str):
