@@ -1,7 +1,7 @@
 """End-to-end throughput: the real daemon against the bare ZeroMQ ceiling, in one run.
 
     .venv/bin/python bench/throughput.py [--messages 2000000] [--dispatcher spread demand]
-        [--producers 1 10] [--max-demand 10]
+        [--producers 1 10] [--max-demand 10] [--repeat 1] [--no-ceiling]
 
 Pipeline: generator source (1 producer, or each of ``--producers``; ``count`` split among
 them), processors concurrency 2 (``max_demand`` 10, or ``--max-demand`` per dispatcher),
@@ -21,6 +21,7 @@ import json
 import multiprocessing as mp
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -265,22 +266,41 @@ def main() -> None:
     ap.add_argument("--producers", nargs="+", type=int, default=[1])
     ap.add_argument("--max-demand", nargs="+", type=int, default=[10],
                     help="processors' max_demand, per dispatcher in --dispatcher order")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="runs per dispatcher, the order reversed every other round; the "
+                         "rate reported is the median (the machine is shared: noisy)")
+    ap.add_argument("--no-ceiling", action="store_true", help="skip the bare ZeroMQ ceiling")
     args = ap.parse_args()
-    results = {"machine": f"{os.cpu_count()} cores, {psutil.virtual_memory().total >> 30} GiB",
-               "ceiling": bare_ceiling(args.messages, args.payload_bytes)}
+    results: dict = {
+        "machine": f"{os.cpu_count()} cores, {psutil.virtual_memory().total >> 30} GiB"}
+    if not args.no_ceiling:
+        results["ceiling"] = bare_ceiling(args.messages, args.payload_bytes)
     for producers in args.producers:
         # the key is the dispatcher alone for 1 producer (the historical output)
         suffix = "" if producers == 1 else f"@{producers}p"
         demands = dict(zip(args.dispatcher, args.max_demand * len(args.dispatcher)))
+        runs: dict[str, list[dict]] = {d: [] for d in args.dispatcher}
+        for rep in range(args.repeat):
+            order = args.dispatcher if rep % 2 == 0 else args.dispatcher[::-1]
+            for d in order:
+                runs[d].append(daemon_run(args.messages, args.payload_bytes, d, producers,
+                                          demands[d]))
         for d in args.dispatcher:
-            r = daemon_run(args.messages, args.payload_bytes, d, producers, demands[d])
+            r = dict(runs[d][-1])
+            r["rate"] = statistics.median(x["rate"] for x in runs[d])
+            if args.repeat > 1:
+                r["rates"] = [round(x["rate"]) for x in runs[d]]
             r["max_demand"] = demands[d]
-            r["ratio_to_ceiling"] = r["rate"] / results["ceiling"]["rate"]
+            if "ceiling" in results:
+                r["ratio_to_ceiling"] = r["rate"] / results["ceiling"]["rate"]
             results[d + suffix] = r
         if len(args.dispatcher) > 1:
             a, b = args.dispatcher[:2]
             results[f"{a}/{b}{suffix}"] = (results[a + suffix]["rate"] /
                                            results[b + suffix]["rate"])
+            if args.repeat > 1:
+                results[f"{a}/{b}{suffix} per round"] = [
+                    round(x["rate"] / y["rate"], 3) for x, y in zip(runs[a], runs[b])]
     print(json.dumps(results, indent=2))
 
 

@@ -148,7 +148,8 @@ class Subscriptions:
         if self.budget is None or up.mode == CLASSIC:
             return False
         self._apply(self.budget.received(up.index, n))
-        self._active()
+        if not self._idle_check_armed:
+            self._active()
         return True
 
     def consumed(self, up: Upstream, n: int, seconds: float | None = None,

@@ -123,6 +123,8 @@ class DemandBudget:
         self.timed = timed
         self._busy_since = 0
         self._ups: list[_Upstream] = []
+        self._out = 0                        # sum of every upstream's out
+        self._next_stale_scan = 0
         self._seq = 0
         self._last_probe: int | None = None
         #: the hot producer a busy consumer sticks to, and events taken from it since
@@ -140,6 +142,7 @@ class DemandBudget:
     def subscribed(self, i: int) -> list[Action]:
         """SUBSCRIBED arrived: the producer holds exactly no demand of ours."""
         u = self._ups[i]
+        self._out -= u.out
         u.state, u.out, u.retracting, u.hot = LIVE, 0, False, False
         u.touched = self.received_total
         return self._place()
@@ -147,12 +150,14 @@ class DemandBudget:
     def unsubscribed(self, i: int) -> list[Action]:
         """We subscribe again (the producer restarted): what was out there is void."""
         u = self._ups[i]
+        self._out -= u.out
         u.state, u.out, u.retracting, u.hot = SUBSCRIBING, 0, False, False
         return self._place()
 
     def done(self, i: int) -> list[Action]:
         """The upstream cancelled (finished, or refused us): its demand is void."""
         u = self._ups[i]
+        self._out -= u.out
         u.state, u.out, u.retracting, u.hot = DONE, 0, False, False
         return self._place()
 
@@ -171,6 +176,7 @@ class DemandBudget:
             self.strays += n - u.out
             n = u.out
         u.out -= n
+        self._out -= n
         self.received_total += n
         u.touched = self.received_total
         if i == self._current:
@@ -234,7 +240,9 @@ class DemandBudget:
         u = self._ups[i]
         if u.state != LIVE or not u.retracting:
             return []
-        u.out -= min(k, u.out)
+        k = min(k, u.out)
+        u.out -= k
+        self._out -= k
         u.retracting = False
         return self._place()
 
@@ -261,7 +269,7 @@ class DemandBudget:
     # -- views ----------------------------------------------------------------------------
     @property
     def free(self) -> int:
-        return self.max_demand - self.held - sum(u.out for u in self._ups)
+        return self.max_demand - self.held - self._out
 
     def out(self, i: int) -> int:
         return self._ups[i].out
@@ -302,6 +310,7 @@ class DemandBudget:
     def _ask(self, i: int, n: int) -> Action:
         u = self._ups[i]
         u.out += n
+        self._out += n
         u.hot = False
         u.asked_at = self._seq
         self._seq += 1
@@ -342,7 +351,9 @@ class DemandBudget:
         producers give those jobs to consumers that can start them now."""
         if not self.report_busy:
             return []
-        excess = self.held + sum(u.out for u in self._ups) - self.prefetch()
+        excess = self.held + self._out - self.prefetch()
+        if excess <= 0:
+            return []
         acts = []
         for i, u in self._live():
             if excess <= 0:
@@ -356,15 +367,18 @@ class DemandBudget:
     def _busy(self) -> list[Action]:
         now = self.received_total
         ups = self._ups
-        stale = now - self.max_demand
-        acts = [self._retract(i) for i, u in enumerate(ups)
-                if u.out and not u.retracting and u.touched <= stale and u.state == LIVE]
+        acts: list[Action] = []
+        if now >= self._next_stale_scan:      # a scan every max_demand / 2 events is enough
+            self._next_stale_scan = now + max(1, self.max_demand // 2)
+            stale = now - self.max_demand
+            acts = [self._retract(i) for i, u in enumerate(ups)
+                    if u.out and not u.retracting and u.touched <= stale and u.state == LIVE]
         acts += self._trim()
         if self.hold:
             return acts
         want = self.prefetch()
         # work in hand and on order stays within the prefetch (and the budget)
-        room = min(self.free, want - self.held - sum(u.out for u in ups))
+        room = min(self.free, want - self.held - self._out)
         if room < min(self.chunk, want):
             return acts
         cur = self._current
@@ -382,11 +396,11 @@ class DemandBudget:
         every = 2 * self.max_demand
         if room > 1 and now - self._busy_since >= every and (
                 self._last_probe is None or now - self._last_probe >= every):
+            self._last_probe = now
             cold = [i for i, u in enumerate(ups)
                     if u.state == LIVE and not u.hot and not u.out and not u.retracting]
             if cold:
                 acts.append(self._ask(min(cold, key=lambda j: ups[j].asked_at), 1))
-                self._last_probe = now
                 room -= 1
         acts.append(self._ask(target, room))
         return acts

@@ -225,6 +225,7 @@ class Net:
         for c, b in enumerate(self.budgets):
             in_hand = len(self.held[c]) + sum(self.on_wire(c, p) for p in range(self.P))
             assert b.held == len(self.held[c])
+            assert b.free == self.B - b.held - sum(b.out(p) for p in range(self.P))
             if not self.strays_possible:
                 assert b.strays == 0
                 assert in_hand <= self.B, f"consumer {c} holds {in_hand} > max_demand"
