@@ -13,7 +13,9 @@ not reset the totals an operator sees.  Histograms are observed once per frame o
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -58,10 +60,11 @@ class StageMetrics:
         from prometheus_client import Counter, Gauge, Histogram
 
         labels = (pipeline, stage, role)
-        self._counters = {k: Counter(n[: -len("_total")], h, LABELS).labels(*labels)
-                          for k, (n, h) in COUNTERS.items()}
-        self._gauges = {k: Gauge(n, h, LABELS, multiprocess_mode="livesum").labels(*labels)
-                        for k, (n, h) in GAUGES.items()}
+        with _private_files():     # .labels() creates this process's mmap files
+            self._counters = {k: Counter(n[: -len("_total")], h, LABELS).labels(*labels)
+                              for k, (n, h) in COUNTERS.items()}
+            self._gauges = {k: Gauge(n, h, LABELS, multiprocess_mode="livesum").labels(*labels)
+                            for k, (n, h) in GAUGES.items()}
         self._histograms: dict[str, Any] = {}
         self._hist_defs = HISTOGRAMS
         self._labels = labels
@@ -92,6 +95,18 @@ class StageMetrics:
             if family is None:
                 family = self._hist_cls(metric, help_text, (*LABELS, "batcher"), buckets=buckets)
                 self._histograms[name] = family
-            hist = family.labels(*self._labels, batcher)
+            with _private_files():
+                hist = family.labels(*self._labels, batcher)
             self._histograms[(name, batcher)] = hist
         hist.observe(value)
+
+
+@contextlib.contextmanager
+def _private_files() -> Iterator[None]:
+    """Files created inside are 0600: the metrics dir is private, its files should be too
+    (prometheus-client creates them with the process umask)."""
+    old = os.umask(0o177)
+    try:
+        yield
+    finally:
+        os.umask(old)

@@ -100,6 +100,8 @@ from pyspark.sql.connect.session import SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 
+from .redact import mask_url
+
 __all__ = ["ENV_REMOTE", "ENV_TOKEN", "FORMATS", "RESERVED", "WRITER_COLUMN", "SparkSink"]
 
 log = logging.getLogger("offbroadway.spark_sink")
@@ -169,7 +171,8 @@ def normalize_remote(remote: str) -> str:
     """``sc://127.0.0.1:P`` → ``sc://localhost:P`` (see the module docstring)."""
     parts = urlsplit(remote)
     if parts.scheme != "sc" or not parts.hostname:
-        raise ValueError(f"Spark Connect remote must look like sc://host:port, got {remote!r}")
+        raise ValueError(f"Spark Connect remote must look like sc://host:port, "
+                         f"got {mask_url(remote)!r}")
     if parts.hostname in ("127.0.0.1", "::1"):
         netloc = "localhost" + (f":{parts.port}" if parts.port else "")
         return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))

@@ -91,9 +91,17 @@ class Stage:
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.setsockopt(zmq.LINGER, 0)
         path = self.spec.socket_path()
-        if os.path.exists(path[len("ipc://"):]):
-            os.unlink(path[len("ipc://"):])   # a previous incarnation's leftover
-        sock.bind(path)
+        fs_path = path[len("ipc://"):]
+        if os.path.exists(fs_path):
+            os.unlink(fs_path)   # a previous incarnation's leftover
+        # 0600 like the control and hub sockets: the runtime dir is private already, but a
+        # socket that anyone could connect to must not depend on that alone
+        old = os.umask(0o177)
+        try:
+            sock.bind(path)
+        finally:
+            os.umask(old)
+        os.chmod(fs_path, 0o600)
         return sock
 
     def dealer(self, stage_id: str) -> zmq.Socket:

@@ -43,12 +43,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any, NamedTuple
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import pika
 import pika.exceptions as amqp_errors
 import tenacity
 
+from ..redact import describe_error, mask_url
 from .base import Failure, Item, Source, option_float, option_int, option_str
 
 log = logging.getLogger("offbroadway.sources.rabbitmq")
@@ -111,19 +112,6 @@ class RabbitMQSettings:
     connect_timeout: float = 5.0
     backoff_min: float = 0.1
     backoff_max: float = 10.0
-
-
-def mask_url(url: str) -> str:
-    """The URL with its password replaced, for logs, errors and ``status``."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable url>"
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
 def parse_options(options: Mapping[str, Any]) -> RabbitMQSettings:
@@ -242,9 +230,8 @@ def _is_permanent(exc: BaseException) -> bool:
     return False
 
 
-def _describe(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    return text if len(text) <= 300 else text[:297] + "..."
+def _describe(exc: BaseException, url: str = "") -> str:
+    return describe_error(exc, url)
 
 
 class RabbitMQSource(Source):
@@ -342,7 +329,7 @@ class RabbitMQSource(Source):
             self._efd = -1
             raise RuntimeError(f"rabbitmq source: cannot consume queue "
                                f"{self.settings.queue!r} at {self.url_masked}: "
-                               f"{_describe(self._fatal)}") from self._fatal
+                               f"{_describe(self._fatal, self.settings.url)}") from self._fatal
         s = self.settings
         if s.prefetch_auto and "auto_prefetch" not in self.options:
             log.warning("rabbitmq source: prefetch_count is \"auto\" but the daemon passed no "
@@ -505,7 +492,7 @@ class RabbitMQSource(Source):
                     if not self._closing.is_set():
                         self._fatal = exc
                         self._state = "failed"
-                        self._last_error = _describe(exc)
+                        self._last_error = _describe(exc, self.settings.url)
                     break
                 finally:
                     self._first_attempt.set()
@@ -530,7 +517,7 @@ class RabbitMQSource(Source):
     def _before_retry(self, retry_state: tenacity.RetryCallState) -> None:
         exc = retry_state.outcome.exception() if retry_state.outcome else None
         self._state = "reconnecting"
-        self._last_error = _describe(exc) if exc else ""
+        self._last_error = _describe(exc, self.settings.url) if exc else ""
         self._first_attempt.set()      # open() need not wait for an unreachable broker
         delay = retry_state.next_action.sleep if retry_state.next_action else 0.0
         log.warning("rabbitmq source: %s unreachable (%s); retry %d in %.2fs",
@@ -630,7 +617,7 @@ class RabbitMQSource(Source):
         if conn is not None:
             _close_quietly(conn)
         self._state = "reconnecting"
-        self._last_error = _describe(exc)
+        self._last_error = _describe(exc, self.settings.url)
         log.warning("rabbitmq source: connection to %s lost (%s); %d buffered deliveries "
                     "left to the broker, reconnecting", self.url_masked, self._last_error,
                     dropped)
@@ -647,7 +634,7 @@ class RabbitMQSource(Source):
                     self._stop_consuming()
                 conn.close()
         except (amqp_errors.AMQPError, OSError) as exc:
-            log.debug("rabbitmq source: closing: %s", _describe(exc))
+            log.debug("rabbitmq source: closing: %s", _describe(exc, self.settings.url))
             _close_quietly(conn)
 
     # -- I/O thread: deliveries and settling --------------------------------------------------
@@ -797,7 +784,7 @@ class RabbitMQSource(Source):
         except amqp_errors.ChannelClosedByBroker as exc:
             self._probe_channel = None
             self._empty_confirmed = False
-            self._last_error = _describe(exc)
+            self._last_error = _describe(exc, self.settings.url)
             return
         # deliveries that arrived during the RPC are queued inside pika: dispatch them
         # before deciding, so a delivery overtaken by the probe's answer still counts

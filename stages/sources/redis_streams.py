@@ -35,13 +35,13 @@ import socket
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import tenacity
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from ..redact import describe_error, mask_url
 from .base import Failure, Item, Source, option_float, option_int, option_str
 
 log = logging.getLogger("offbroadway.sources.redis")
@@ -75,22 +75,8 @@ def _id(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def mask_url(url: str) -> str:
-    """The URL with its password replaced, for logs, errors and ``status``."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable url>"
-    if parts.password is None:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-
-
-def _describe(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    return text if len(text) <= 300 else text[:297] + "..."
+def _describe(exc: BaseException, url: str = "") -> str:
+    return describe_error(exc, url)
 
 
 class _Backoff:
@@ -235,7 +221,7 @@ class RedisStreamsSource(Source):
         except redis.RedisError as exc:
             log.warning("redis source: could not flush %d acks / %d dead letters at close: "
                         "%s (they stay pending and are delivered again)",
-                        len(self._unsent_acks), len(self._unsent_dead), _describe(exc))
+                        len(self._unsent_acks), len(self._unsent_dead), _describe(exc, self.url))
         self._client.close()
         self._client = None
         self._state = "closed"
@@ -298,7 +284,7 @@ class RedisStreamsSource(Source):
 
     def _on_error(self, exc: BaseException) -> None:
         self.errors += 1
-        self._last_error = _describe(exc)
+        self._last_error = _describe(exc, self.url)
         delay = self._backoff.failed()
         if self._state != "disconnected":
             log.warning("redis source: %s: %s; retrying in %.2fs", self.url_masked,
