@@ -117,8 +117,9 @@ class DemandBudget:
         #: set by the first events after idle, cleared by the owner once it has gathered
         #: what else its idle spread drew in (see :meth:`keep`)
         self.woke = False
-        #: measured seconds per handled event (moving average), None until measured
-        self.seconds_per_event: float | None = None
+        #: measured seconds per handled event (moving average), None until measured;
+        #: setting it (or :attr:`timed`) recomputes the prefetch, read several times a frame
+        self._seconds_per_event: float | None = None
         #: the owner passes ``seconds`` to :meth:`finished` (see :meth:`prefetch`)
         self.timed = timed
         self._busy_since = 0
@@ -208,12 +209,34 @@ class DemandBudget:
         a backlog of them is shared by every consumer that frees up instead of queueing
         behind one.  A timed consumer (:attr:`timed`) takes one at a time until its first
         frame is measured; an untimed one gets GenStage's ``max_demand``."""
-        spe = self.seconds_per_event
+        return self._prefetch
+
+    @property
+    def seconds_per_event(self) -> float | None:
+        return self._seconds_per_event
+
+    @seconds_per_event.setter
+    def seconds_per_event(self, spe: float | None) -> None:
+        self._seconds_per_event = spe
+        self._set_prefetch()
+
+    @property
+    def timed(self) -> bool:
+        return self._timed
+
+    @timed.setter
+    def timed(self, timed: bool) -> None:
+        self._timed = timed
+        self._set_prefetch()
+
+    def _set_prefetch(self) -> None:
+        spe = self._seconds_per_event
         if spe is None:
-            return 1 if self.timed else self.max_demand
-        if not spe:
-            return self.max_demand
-        return max(1, min(self.max_demand, int(PREFETCH_SECONDS / spe)))
+            self._prefetch = 1 if self.timed else self.max_demand
+        elif not spe:
+            self._prefetch = self.max_demand
+        else:
+            self._prefetch = max(1, min(self.max_demand, int(PREFETCH_SECONDS / spe)))
 
     def returned(self, n: int) -> list[Action]:
         """``n`` held events were given back unstarted (RETURN): their units are free, and
