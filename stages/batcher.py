@@ -118,15 +118,18 @@ class BatcherStage(Stage):
     def _dispatch(self) -> None:
         if not self.pending:
             return
-        self.pending, _sent = self.downstream.deliver_each(self.pending, self._encode_batch)
+        fitted: list[tuple] = []
+        for batch in self.pending:
+            fitted.extend(_fit(batch) if len(batch) == 4 else (batch,))
+        self.pending, _sent = self.downstream.deliver_each(fitted, self._encode_batch)
         if len(self.pending) <= max(1, self.spec.consumer_count):
             self.subs.release()
 
     def _encode_batch(self, pending: tuple) -> bytes:
-        key, trigger, events, _partition = pending
+        _key, _trigger, events, _partition, frame = pending
         self.counters["out"] += len(events)
         self.counters["batches"] += 1
-        return protocol.batch(key, trigger, events)
+        return frame
 
     # -- shutdown cascade -------------------------------------------------------------------
     def _maybe_finish(self) -> None:
@@ -145,3 +148,18 @@ class BatcherStage(Stage):
     def cmd_flush(self) -> None:
         """Operator drain: emit partial batches now instead of at their timeout."""
         self._emit(self.acc.flush())
+
+
+def _fit(batch: tuple) -> list[tuple]:
+    """A pending batch with its encoded frame, split in halves until each frame is within
+    the receiver's MAX_FRAME_BYTES: a batch of big messages over it would be dropped by the
+    batch processor, its messages left in flight forever (a stall).  A smaller batch is
+    always allowed (``batch_size`` is a maximum); one message over the limit goes alone.
+    Encoded here, once, rather than in the send: the size is only known encoded."""
+    key, trigger, events, partition = batch
+    frame = protocol.batch(key, trigger, events)
+    if len(frame) <= protocol.MAX_FRAME_BYTES or len(events) <= 1:
+        return [(key, trigger, events, partition, frame)]
+    half = len(events) // 2
+    return (_fit((key, trigger, events[:half], partition))
+            + _fit((key, trigger, events[half:], partition)))

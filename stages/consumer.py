@@ -231,7 +231,8 @@ class Subscriptions:
         inbox.clear()
         inbox.extend(kept)
         for up, evs in back.values():
-            up.sock.send(protocol.give_back(evs), zmq.NOBLOCK)
+            for frame, _ in protocol.frames_within_limit(evs, protocol.give_back):
+                up.sock.send(frame, zmq.NOBLOCK)
             self.counters["returned"] += len(evs)
             self._sync_hold()
             self._apply(budget.returned(len(evs)))

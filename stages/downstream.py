@@ -105,7 +105,7 @@ class Downstream:
         Returns what could not be delivered (in order) and how many items were sent.  A
         consumer whose send fails is cancelled and its share kept for the others.
         """
-        return self._deliver(items, lambda share: [(encode(share), share)])
+        return self._deliver(items, lambda share: protocol.frames_within_limit(share, encode))
 
     def deliver_each(self, items: list, encode: Callable[[Any], bytes]) -> tuple[list, int]:
         """As :meth:`deliver`, but one frame per item (a batch is one frame)."""
@@ -118,12 +118,14 @@ class Downstream:
         deliveries, leftovers = self.dispatcher.dispatch(items)
         sent = 0
         for consumer, share in deliveries:
-            for i, (frame, carried) in enumerate(frames(share)):
+            done = 0                                # items of this share sent so far
+            for frame, carried in frames(share):
                 if not self.send(consumer, frame):
                     self.dispatcher.cancel(consumer)
-                    leftovers = share[i:] + leftovers   # from the first frame not sent
+                    leftovers = share[done:] + leftovers   # from the first frame not sent
                     break
-                sent += len(carried)
+                done += len(carried)
+            sent += done
         return leftovers, sent
 
     def cancel_all(self, reason: str = "shutdown") -> None:

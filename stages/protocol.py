@@ -46,7 +46,7 @@ REPORT         stage → daemon        name, body (dict): ``stats``, ``idle``, `
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgpack
@@ -139,6 +139,21 @@ def command(name: str, args: dict | None = None) -> bytes:
 
 def report(name: str, body: dict | None = None) -> bytes:
     return _frame(REPORT, name, body or {})
+
+
+def frames_within_limit(items: list, encode: Callable[[list], bytes]
+                        ) -> list[tuple[bytes, list]]:
+    """``encode(items)`` as one frame, or as several (each with the items it carries) when
+    one would be over :data:`MAX_FRAME_BYTES`: the receiver would drop it, and the events
+    in it would stay in flight forever, a stall.  Halving costs a re-encode only when a
+    frame is too big.  A single event over the limit goes alone: preventing it is the
+    sender's job (sources fail messages over ``max_message_bytes``)."""
+    frame = encode(items)
+    if len(frame) <= MAX_FRAME_BYTES or len(items) <= 1:
+        return [(frame, items)]
+    half = len(items) // 2
+    return (frames_within_limit(items[:half], encode)
+            + frames_within_limit(items[half:], encode))
 
 
 # -- decoder --------------------------------------------------------------------------------

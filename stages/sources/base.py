@@ -32,6 +32,8 @@ import abc
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..protocol import MAX_FRAME_BYTES
+
 # (message id, data, metadata, handle).  The handle never leaves the producer process, so it
 # may be any Python object that is cheap to keep: an int, a tuple, a record.
 Item = tuple[str, Any, dict, Any]
@@ -197,3 +199,35 @@ def option_str(source: str, options: Mapping[str, Any], key: str, default: str |
         raise SourceOptionError(f"{source} source: option {key!r} must be a non-empty "
                                 f"string, got {value!r}", key)
     return value
+
+
+# -- message size ------------------------------------------------------------------------------
+
+#: ``max_message_bytes`` when a source's options do not set it (16 MiB, RabbitMQ 4's own
+#: default limit): big enough for any sane record, small enough that a frame of a few such
+#: messages stays under the wire's frame limit and a prefetch window of them fits in memory.
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+#: the largest ``max_message_bytes`` accepted: one message must fit in one frame with room
+#: for its metadata (see :data:`offbroadway.stages.protocol.MAX_FRAME_BYTES`)
+MAX_MESSAGE_BYTES_LIMIT = MAX_FRAME_BYTES * 3 // 4
+
+
+def option_max_message_bytes(source: str, options: Mapping[str, Any]) -> int:
+    """The ``max_message_bytes`` option: an integer from 1 to
+    :data:`MAX_MESSAGE_BYTES_LIMIT`, default :data:`DEFAULT_MAX_MESSAGE_BYTES`."""
+    value = option_int(source, options, "max_message_bytes", DEFAULT_MAX_MESSAGE_BYTES,
+                       minimum=1)
+    assert value is not None
+    if value > MAX_MESSAGE_BYTES_LIMIT:
+        raise SourceOptionError(
+            f"{source} source: option 'max_message_bytes' must be at most "
+            f"{MAX_MESSAGE_BYTES_LIMIT} ({MAX_MESSAGE_BYTES_LIMIT >> 20} MiB: a message must "
+            f"fit in one frame between stages), got {value}", "max_message_bytes")
+    return value
+
+
+def oversized(size: int, limit: int, what: str = "message") -> str:
+    """The failure reason of a message over ``max_message_bytes``: what an operator reads in
+    ``handle_failed``, the processor's log and the dead letter."""
+    return (f"{what} of {size} bytes is over max_message_bytes ({limit}); not delivered to "
+            f"handle_message")

@@ -50,7 +50,17 @@ import pika.exceptions as amqp_errors
 import tenacity
 
 from ..redact import describe_error, mask_url
-from .base import Failure, Item, Source, option_float, option_int, option_str
+from .base import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    Failure,
+    Item,
+    Source,
+    option_float,
+    option_int,
+    option_max_message_bytes,
+    option_str,
+    oversized,
+)
 
 log = logging.getLogger("offbroadway.sources.rabbitmq")
 # pika logs every connection open and close at INFO, several lines each: with one connection
@@ -112,6 +122,7 @@ class RabbitMQSettings:
     connect_timeout: float = 5.0
     backoff_min: float = 0.1
     backoff_max: float = 10.0
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
 
 
 def parse_options(options: Mapping[str, Any]) -> RabbitMQSettings:
@@ -195,7 +206,8 @@ def parse_options(options: Mapping[str, Any]) -> RabbitMQSettings:
         prefetch_auto=auto, on_success=on_success, on_failure=on_failure,
         heartbeat=30 if heartbeat is None else heartbeat,
         connect_timeout=option_float(name, options, "connect_timeout", 5.0, minimum=0.1),
-        backoff_min=backoff_min, backoff_max=backoff_max)
+        backoff_min=backoff_min, backoff_max=backoff_max,
+        max_message_bytes=option_max_message_bytes(name, options))
 
 
 def packable(value: Any) -> Any:
@@ -249,7 +261,7 @@ class RabbitMQSource(Source):
     known_options = frozenset({
         "url", "queue", "declare", "bindings", "prefetch_count", "auto_prefetch",
         "on_success", "on_failure", "heartbeat", "connect_timeout", "backoff_min",
-        "backoff_max"})
+        "backoff_max", "max_message_bytes"})
 
     def __init__(self, options: Mapping[str, Any], **kwargs: Any) -> None:
         super().__init__(options, **kwargs)
@@ -299,6 +311,7 @@ class RabbitMQSource(Source):
         self.fetched = self.acked = self.failed = self.rejected = 0
         self.requeued = self.failure_requeued = self.redelivered = 0
         self.stale = self.dropped_on_loss = self.reconnects = self.returned = 0
+        self.oversized = 0
 
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> None:
@@ -440,7 +453,8 @@ class RabbitMQSource(Source):
             "unacked": len(self._open_tags), "deliveries": self.deliveries,
             "redelivered": self.redelivered, "stale": self.stale,
             "dropped_on_loss": self.dropped_on_loss, "returned": self.returned,
-            "reconnects": self.reconnects,
+            "reconnects": self.reconnects, "oversized": self.oversized,
+            "max_message_bytes": s.max_message_bytes,
             "incarnation": self._incarnation, "paused": self._paused,
             "last_error": self._last_error}
 
@@ -638,7 +652,7 @@ class RabbitMQSource(Source):
             _close_quietly(conn)
 
     # -- I/O thread: deliveries and settling --------------------------------------------------
-    def _on_delivery(self, _channel: Any, method: Any, props: Any, body: bytes) -> None:
+    def _on_delivery(self, _channel: Any, method: Any, props: Any, body: bytes | None) -> None:
         tag = method.delivery_tag
         redelivered = bool(method.redelivered)
         meta: dict[str, Any] = {
@@ -652,6 +666,13 @@ class RabbitMQSource(Source):
             meta["headers"] = packable(props.headers)
         inc = self._incarnation
         msg_id = props.message_id or f"{tag}@{self._session}.{inc}"
+        if len(body) > self.settings.max_message_bytes:
+            # failed, not delivered: the body stays with the broker, which dead-letters
+            # it whole (on_failure); it never crosses our frames or reaches a handler
+            meta["error"] = oversized(len(body), self.settings.max_message_bytes)
+            meta["body_bytes"] = len(body)
+            body = None
+            self.oversized += 1
         self._open_tags.add(tag)
         self._tag_order.append(tag)
         self.deliveries += 1

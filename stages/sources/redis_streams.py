@@ -42,7 +42,16 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ..redact import describe_error, mask_url
-from .base import Failure, Item, Source, option_float, option_int, option_str
+from .base import (
+    Failure,
+    Item,
+    Source,
+    option_float,
+    option_int,
+    option_max_message_bytes,
+    option_str,
+    oversized,
+)
 
 log = logging.getLogger("offbroadway.sources.redis")
 
@@ -73,6 +82,12 @@ def _text(value: Any) -> Any:
 
 def _id(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _size(fields: dict) -> int:
+    """An entry's size for ``max_message_bytes``: its field names and values, in bytes."""
+    return sum(len(k) + len(v) if isinstance(k, bytes) and isinstance(v, bytes)
+               else len(str(k).encode()) + len(str(v).encode()) for k, v in fields.items())
 
 
 def _describe(exc: BaseException, url: str = "") -> str:
@@ -115,7 +130,8 @@ class RedisStreamsSource(Source):
     known_options = frozenset({
         "url", "stream", "group", "consumer", "create_group", "start_id", "block_ms",
         "poll_ms", "claim_idle_ms", "on_failure", "dead_letter_stream",
-        "dead_letter_maxlen", "backoff_min", "backoff_max", "socket_timeout"})
+        "dead_letter_maxlen", "backoff_min", "backoff_max", "socket_timeout",
+        "max_message_bytes"})
 
     def __init__(self, options: Mapping[str, Any], **kwargs: Any) -> None:
         super().__init__(options, **kwargs)
@@ -136,6 +152,7 @@ class RedisStreamsSource(Source):
         self.dead_letter_maxlen: int | None = option_int(n, o, "dead_letter_maxlen", None,
                                                          minimum=1)
         self.socket_timeout = option_float(n, o, "socket_timeout", 5.0, minimum=0.1)
+        self.max_message_bytes = option_max_message_bytes(n, o)
         self._backoff = _Backoff(option_float(n, o, "backoff_min", 0.05, minimum=0.001),
                                  option_float(n, o, "backoff_max", 5.0, minimum=0.001))
         self._client: redis.Redis | None = None
@@ -156,6 +173,7 @@ class RedisStreamsSource(Source):
         # counters
         self.fetched = self.acked = self.failed = self.dead_lettered = self.requeued = 0
         self.claimed = self.vanished = self.reconnects = self.errors = 0
+        self.oversized = 0
 
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> None:
@@ -177,6 +195,7 @@ class RedisStreamsSource(Source):
         option_int(n, options, "claim_idle_ms", 60_000, minimum=0)
         option_int(n, options, "dead_letter_maxlen", None, minimum=1)
         option_float(n, options, "socket_timeout", 5.0, minimum=0.1)
+        option_max_message_bytes(n, options)
         lo = option_float(n, options, "backoff_min", 0.05, minimum=0.001)
         option_float(n, options, "backoff_max", 5.0, minimum=lo)
         if options.get("on_failure", "dead_letter") not in ON_FAILURE:
@@ -343,6 +362,7 @@ class RedisStreamsSource(Source):
               out: list[Item]) -> None:
         """Entries → items, skipping what we already hold and acking deleted entries."""
         inflight, skip = self._inflight, self._left_pending
+        limit = self.max_message_bytes
         vanished: list[str] = []
         meta_base = {"stream": self.stream, "group": self.group, "consumer": self.consumer,
                      "delivery": delivery, "redelivered": delivery != "new"}
@@ -358,8 +378,17 @@ class RedisStreamsSource(Source):
             skip.discard(entry_id)
             handle = RedisHandle(entry_id, fields)
             inflight[entry_id] = handle
+            meta = {**meta_base, "id": entry_id}
+            size = _size(fields)
+            if size > limit:
+                # failed, not delivered: dead-lettered whole from the handle (on_failure)
+                self.oversized += 1
+                meta["error"] = oversized(size, limit, "entry")
+                meta["entry_bytes"] = size
+                out.append((entry_id, None, meta, handle))
+                continue
             data = {_text(k): _text(v) for k, v in fields.items()}
-            out.append((entry_id, data, {**meta_base, "id": entry_id}, handle))
+            out.append((entry_id, data, meta, handle))
         if vanished:
             self.vanished += len(vanished)
             self._xack(vanished)
@@ -563,4 +592,5 @@ class RedisStreamsSource(Source):
             "unacked": len(self._inflight) + len(self._left_pending)
             + len(self._unsent_acks) + len(self._unsent_dead),
             "unsent_acks": len(self._unsent_acks), "reconnects": self.reconnects,
-            "errors": self.errors, "paused": self._paused, "last_error": self._last_error}
+            "errors": self.errors, "paused": self._paused, "last_error": self._last_error,
+            "oversized": self.oversized, "max_message_bytes": self.max_message_bytes}

@@ -44,7 +44,16 @@ from collections.abc import Iterable, Mapping
 from fnmatch import fnmatchcase
 from typing import Any
 
-from .base import Failure, Item, Source, SourceOptionError, option_float, option_str
+from .base import (
+    Failure,
+    Item,
+    Source,
+    SourceOptionError,
+    option_float,
+    option_max_message_bytes,
+    option_str,
+    oversized,
+)
 
 log = logging.getLogger("offbroadway.sources.spool")
 
@@ -65,12 +74,24 @@ _LINE_MASK = (1 << _LINE_BITS) - 1
 _scan_once = json.JSONDecoder().scan_once
 
 
+class _Oversized:
+    """Stands in for a line over ``max_message_bytes``, which is never held in memory whole:
+    its size and where it starts in the file, so the dead letter can say where it is."""
+
+    __slots__ = ("offset", "size")
+
+    def __init__(self, size: int, offset: int) -> None:
+        self.size = size
+        self.offset = offset
+
+
 class _File:
     """Reading position and unsettled lines of one spool file this producer owns."""
 
     __slots__ = ("broken", "eof", "fh", "head", "ino", "key", "lineno", "lines", "name",
-                 "next_skip", "offset", "order", "outstanding", "parts", "path", "pos",
-                 "record_fd", "record_path", "regrown_at", "skip_i", "skips")
+                 "next_skip", "offset", "order", "outstanding", "parts", "parts_len", "path",
+                 "pos", "record_fd", "record_path", "regrown_at", "skip_i", "skipping",
+                 "skipping_from", "skips")
 
     def __init__(self, name: str, path: str, order: int, ino: int, head: str,
                  record_path: str) -> None:
@@ -84,6 +105,9 @@ class _File:
         self.offset = 0                    # bytes read from the file so far
         self.regrown_at = -1               # offset at which we last found it had grown
         self.parts: list[bytes] = []       # bytes read after the last newline
+        self.parts_len = 0                 # their total length
+        self.skipping: int | None = None   # bytes of an oversized line passed over so far
+        self.skipping_from = 0             # where that line starts in the file
         self.lines: list[Any] = []         # decoded lines of the current chunk (str; bytes
         self.pos = 0                       #   for a line that is not valid UTF-8)
         self.lineno = 0                    # number of the last line taken from ``lines``
@@ -102,7 +126,8 @@ class SpoolSource(Source):
     """JSON Lines files in a directory, acked durably line by line; see the module doc."""
 
     name = "spool"
-    known_options = frozenset({"path", "pattern", "done_dir", "scan_interval"})
+    known_options = frozenset({"path", "pattern", "done_dir", "scan_interval",
+                               "max_message_bytes"})
 
     def __init__(self, options: Mapping[str, Any], **kwargs: Any) -> None:
         super().__init__(options, **kwargs)
@@ -116,6 +141,7 @@ class SpoolSource(Source):
             raise SourceOptionError("spool source: option 'done_dir' must not be 'path' "
                                     "itself, or finished files would be read again", "done_dir")
         self.scan_interval = option_float(self.name, opts, "scan_interval", 1.0)
+        self.max_message_bytes = option_max_message_bytes(self.name, opts)
         if not self.state_dir:
             raise SourceOptionError("spool source: needs the runtime state_dir to record "
                                     "which lines were acknowledged")
@@ -133,6 +159,7 @@ class SpoolSource(Source):
         self.fetched = self.acked = self.failed = self.requeued = 0
         self.invalid = self.skipped = self.files_done = self.file_errors = 0
         self.bytes_read = 0
+        self.oversized = 0
 
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> None:
@@ -144,6 +171,7 @@ class SpoolSource(Source):
                                     f"'path', so it cannot contain '/': {pattern!r}", "pattern")
         option_str(cls.name, options, "done_dir", "done")
         option_float(cls.name, options, "scan_interval", 1.0)
+        option_max_message_bytes(cls.name, options)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def open(self) -> None:
@@ -223,7 +251,7 @@ class SpoolSource(Source):
                     if stop != len(raw):
                         raise ValueError
                 except (StopIteration, ValueError, TypeError, RecursionError):
-                    if not raw.strip():
+                    if raw.__class__ is not _Oversized and not raw.strip():
                         continue                      # blank lines are not messages
                     append(self._item(fs, lineno, raw))
                 else:
@@ -239,6 +267,10 @@ class SpoolSource(Source):
         """One message from a line: the slow path, for requeued lines, lines with
         surrounding whitespace, and lines that are not JSON (with the decoder's reason)."""
         meta: dict[str, Any] = {"file": fs.name, "line": lineno}
+        if isinstance(raw, _Oversized):
+            meta["error"] = oversized(raw.size, self.max_message_bytes, "line")
+            meta["line_bytes"] = raw.size
+            return (f"{fs.name}:{lineno}", None, meta, fs.key | lineno)
         try:
             data = json.loads(raw)
         except (ValueError, RecursionError) as exc:
@@ -266,7 +298,14 @@ class SpoolSource(Source):
         return skips[i][0] <= lineno
 
     def _fill(self, fs: _File) -> bool:
-        """Read the next chunk of whole lines into ``fs.lines``; False at end of file."""
+        """Read the next chunk of whole lines into ``fs.lines``; False at end of file.
+
+        A line longer than ``max_message_bytes`` is never held whole: once the bytes
+        without a newline pass the limit they are dropped as they are read, up to the
+        line's end, and an :class:`_Oversized` marker takes the line's place (it fails
+        with its size; the line itself stays in the file, moved to ``done_dir``).
+        """
+        limit = self.max_message_bytes
         try:
             if fs.fh is None:
                 fs.fh = open(fs.path, "rb", buffering=0)
@@ -274,26 +313,49 @@ class SpoolSource(Source):
             while True:
                 chunk = fs.fh.read(READ_SIZE)
                 if not chunk:
+                    if fs.skipping is not None:      # an oversized last line, no newline
+                        fs.lines, fs.pos = [self._marker(fs.skipping, fs.skipping_from)], 0
+                        fs.skipping = None
+                        return True
                     if not fs.parts:
                         return False
                     # a last line without a newline is still a line
-                    tail, fs.parts = b"".join(fs.parts), []
-                    fs.lines, fs.pos = _decode_lines(tail, fs.offset - len(tail) == 0), 0
+                    tail, fs.parts, fs.parts_len = b"".join(fs.parts), [], 0
+                    fs.lines, fs.pos = self._lines(tail, fs.offset - len(tail)), 0
                     return True
                 start = fs.offset
                 fs.offset += len(chunk)
                 self.bytes_read += len(chunk)
+                lead: list[Any] = []
+                if fs.skipping is not None:
+                    nl = chunk.find(b"\n")
+                    if nl < 0:
+                        fs.skipping += len(chunk)
+                        continue
+                    lead = [self._marker(fs.skipping + nl, fs.skipping_from)]
+                    fs.skipping = None
+                    chunk, start = chunk[nl + 1:], start + nl + 1
                 cut = chunk.rfind(b"\n")
                 if cut < 0:
-                    fs.parts.append(chunk)
+                    if chunk:
+                        fs.parts.append(chunk)
+                        fs.parts_len += len(chunk)
+                    if fs.parts_len > limit:         # no newline in sight: pass it over
+                        fs.skipping, fs.skipping_from = fs.parts_len, fs.offset - fs.parts_len
+                        fs.parts, fs.parts_len = [], 0
+                    if lead:
+                        fs.lines, fs.pos = lead, 0
+                        return True
                     continue
                 if fs.parts:
                     head = b"".join(fs.parts) + chunk[:cut]
-                    start -= sum(len(p) for p in fs.parts)
+                    start -= fs.parts_len
                 else:
                     head = chunk[:cut]
-                fs.parts = [chunk[cut + 1:]] if cut + 1 < len(chunk) else []
-                fs.lines, fs.pos = _decode_lines(head, start == 0), 0
+                rest = chunk[cut + 1:]
+                fs.parts, fs.parts_len = ([rest], len(rest)) if rest else ([], 0)
+                lines = self._lines(head, start)
+                fs.lines, fs.pos = (lead + lines if lead else lines), 0
                 return True
         except OSError as exc:
             # vanished or unreadable: stop reading it in this process, keep its record
@@ -301,8 +363,29 @@ class SpoolSource(Source):
             log.error("spool: cannot read %s: %s; skipping it until restart", fs.path, exc)
             self._ignored.add(fs.name)
             fs.broken = True
-            fs.parts = []
+            fs.parts, fs.parts_len, fs.skipping = [], 0, None
             return False
+
+    def _marker(self, size: int, offset: int) -> _Oversized:
+        self.oversized += 1
+        log.warning("spool: line of %d bytes at offset %d is over max_message_bytes (%d); "
+                    "it fails without being read", size, offset, self.max_message_bytes)
+        return _Oversized(size, offset)
+
+    def _lines(self, block: bytes, start: int) -> list[Any]:
+        """The block's lines, those over ``max_message_bytes`` replaced by markers."""
+        lines = _decode_lines(block, start == 0)
+        limit = self.max_message_bytes
+        if len(block) <= limit:
+            return lines                  # the common case: no line can be over the limit
+        pos = 0
+        for i in range(len(lines)):
+            end = block.find(b"\n", pos)
+            end = len(block) if end < 0 else end
+            if end - pos > limit:
+                lines[i] = self._marker(end - pos, start + pos)
+            pos = end + 1
+        return lines
 
     def _at_eof(self, fs: _File) -> None:
         fs.eof = True
@@ -337,11 +420,16 @@ class SpoolSource(Source):
             if fs is None or lineno not in fs.outstanding or self._closed:
                 continue
             raw = fs.outstanding[lineno]
-            text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-            entries.append(json.dumps({"file": fs.name, "line": lineno, "reason": str(reason),
-                                       "text": text, "pipeline": self.pipeline,
-                                       "producer": self.producer_index, "failed_at": now},
-                                      ensure_ascii=False))
+            entry = {"file": fs.name, "line": lineno, "reason": str(reason)}
+            if isinstance(raw, _Oversized):
+                # not copied: it stays in the file (moved to done_dir), found by offset
+                entry.update(text=None, bytes=raw.size, offset=raw.offset,
+                             moved_to=self.done_dir)
+            else:
+                entry["text"] = raw.decode("utf-8", "replace") if isinstance(raw, bytes) \
+                    else raw
+            entry.update(pipeline=self.pipeline, producer=self.producer_index, failed_at=now)
+            entries.append(json.dumps(entry, ensure_ascii=False))
             handles.append(handle)
         if not entries:
             return
@@ -420,6 +508,7 @@ class SpoolSource(Source):
                 "skipped_settled": self.skipped, "files_open": len(self._files),
                 "files_reading": len(self._reading), "files_done": self.files_done,
                 "file_errors": self.file_errors, "bytes_read": self.bytes_read,
+                "oversized": self.oversized, "max_message_bytes": self.max_message_bytes,
                 "exhausted": not self._requeued and not self._reading}
 
     # -- files: discovery, records, moving aside ----------------------------------------------
