@@ -7,7 +7,10 @@ that runs the graceful shutdown, here a coroutine of the daemon (``pid: null`` i
 Reactions the daemon owns, because only it sees the whole pipeline:
 
 * a stage downstream of the producers exits → every producer hands its in-flight messages
-  back to its source (nothing lost; at-least-once);
+  back to its source (nothing lost; at-least-once); when a processor died unexpectedly,
+  the producer that emitted the message it was running is told which one (its blame
+  record), so a message that keeps killing processors is failed as poison after
+  ``max_crashes`` instead of redelivered until the supervisors give up;
 * a producer restarts → processors subscribe to it afresh;
 * every producer idle under ``--until-idle``, SIGTERM/SIGINT, or ``offbroadway stop`` →
   the drain: producers stop fetching and flush, each stage flushes when all its producers
@@ -27,6 +30,7 @@ import time
 from typing import Any
 
 import psutil
+from offbroadway.stages import blame as blame_mod
 from offbroadway.stages import logs
 from offbroadway.supervision import SupervisionError, Supervisor
 
@@ -71,6 +75,9 @@ class Daemon:
         self._idle_event = asyncio.Event()
         self._progress = asyncio.Event()
         self.exit_reason: str | None = None
+        #: processors not yet restarted since one died unexpectedly; producers hold their
+        #: suspects until it is empty, so no doomed sibling runs one uncounted
+        self._restarting: set[str] = set()
         self._housekeeping_task: asyncio.Future | None = None
         self.started_at = time.time()
 
@@ -119,14 +126,53 @@ class Daemon:
             metrics.process_dead(event.pid, self.metrics_dir)
         if kind == "ChildExited" and role in ("processor", "batcher", "batch_processor", "spark"):
             self.idle.clear()
-            for p in self.topology.producers:
-                self.hub.command(p, "requeue", reason=f"{child_id} exited")
+            blames = self._blame(event) if role == "processor" else {}
+            max_crashes = self.config.processors[topo_mod.PROCESSOR_KEY].max_crashes
+            hold = bool(max_crashes and role == "processor" and not event.expected)
+            if hold:
+                # one_for_all with max_restarts 0: every processor is about to restart
+                self._restarting = set(self.topology.processors)
+            for i, p in enumerate(self.topology.producers):
+                extra: dict[str, Any] = {"hold": True} if hold else {}
+                if i in blames:
+                    extra.update(blame=blames[i], max_crashes=max_crashes)
+                self.hub.command(p, "requeue", reason=f"{child_id} exited", **extra)
         elif kind == "ChildStarted" and role == "producer":
             for c in self.topology.processors:
                 self.hub.command(c, "resubscribe", producer=child_id)
         elif kind == "ChildStarted" and role == "processor":
             for b in self.topology.batchers:
                 self.hub.command(b, "resubscribe", producer=child_id)
+            if self._restarting:
+                self._restarting.discard(child_id)
+                if not self._restarting:
+                    for p in self.topology.producers:
+                        self.hub.command(p, "release")
+
+    def _blame(self, event: Any) -> dict[int, dict]:
+        """What a processor that died on its own was running, per producer index.
+
+        Only an unexpected exit blames anyone: a processor its supervisor stopped (a
+        sibling's crash under one_for_all, a drain) died of nothing it was running.  The
+        record is read and removed here, before any restart, so a later incarnation that
+        dies before writing its own cannot blame the same message twice.
+        """
+        record = blame_mod.take(blame_mod.path(self.config.runtime.dir, event.child_id))
+        if event.expected or record is None or not record.suspects:
+            return {}
+        out: dict[int, dict] = {}
+        for s in record.suspects:
+            entry = out.setdefault(s.producer, {
+                "child": event.child_id, "how": event.reason, "kind": record.kind,
+                "frame_size": record.frame_size, "suspects": []})
+            entry["suspects"].append([s.token, s.id])
+        if record.kind == "handle_message":
+            log.warning("%s %s while running message %s", event.child_id, event.reason,
+                        record.suspects[0].id)
+        else:
+            log.warning("%s %s in prepare_messages of a frame of %d messages",
+                        event.child_id, event.reason, record.frame_size)
+        return out
 
     def _drain_command(self, stage_id: str) -> None:
         role = self.topology.roles.get(stage_id)

@@ -34,12 +34,23 @@ class ConfigError(ValueError):
     """A config that cannot run; the message starts with the dotted key at fault."""
 
 
+#: crashes blamed on one message before it is failed as poison (0: never)
+DEFAULT_MAX_CRASHES = 3
+#: the pipeline supervisor's window; its max_restarts defaults to max_crashes + 1
+DEFAULT_PIPELINE_MAX_SECONDS = 10.0
+
+
 @dataclass(frozen=True)
 class PipelineConfig:
     name: str
     handler: str
     context: dict = field(default_factory=dict)
     shutdown_timeout: float = 30.0
+    #: PipelineSupervisor's restart intensity: every processor crash costs one restart
+    #: (the ProcessorSupervisor gives up at once, as in Broadway), so these decide how
+    #: many crashes a poison message may cause before the daemon itself gives up.
+    max_restarts: int = DEFAULT_MAX_CRASHES + 1
+    max_seconds: float = DEFAULT_PIPELINE_MAX_SECONDS
 
 
 @dataclass(frozen=True)
@@ -61,6 +72,7 @@ class ProcessorConfig:
     partition_by: str | None = None
     heartbeat_timeout: float | None = 30.0
     memory_limit: int | None = None
+    max_crashes: int = DEFAULT_MAX_CRASHES
 
 
 @dataclass(frozen=True)
@@ -236,12 +248,18 @@ def _optional_duration(t: _Table, name: str, default: float | None) -> float | N
 
 # -- sections ---------------------------------------------------------------------------------
 
-def _pipeline(t: _Table) -> PipelineConfig:
+def _pipeline(t: _Table, max_crashes: int) -> PipelineConfig:
     out = PipelineConfig(
         name=t.get("name", str, required=True, check=_name_check),
         handler=t.get("handler", str, required=True, check=_handler_check),
         context=t.get("context", dict, {}),
-        shutdown_timeout=t.get("shutdown_timeout", float, 30.0, check=_positive))
+        shutdown_timeout=t.get("shutdown_timeout", float, 30.0, check=_positive),
+        # one poison message's crashes, and one to spare (an isolating prepare_messages
+        # crash, or an unrelated one), fit; a crash loop still exceeds it (docs/operations)
+        max_restarts=t.get("max_restarts", int, max(3, max_crashes + 1),
+                           check=_non_negative),
+        max_seconds=t.get("max_seconds", float, DEFAULT_PIPELINE_MAX_SECONDS,
+                          check=_positive))
     t.done()
     return out
 
@@ -275,7 +293,8 @@ def _processors(t: _Table) -> dict[str, ProcessorConfig]:
                          f"({max_demand})"),
         partition_by=p.get("partition_by", str),
         heartbeat_timeout=_optional_duration(p, "heartbeat_timeout", 30.0),
-        memory_limit=_size(p, "memory_limit"))
+        memory_limit=_size(p, "memory_limit"),
+        max_crashes=p.get("max_crashes", int, DEFAULT_MAX_CRASHES, check=_non_negative))
     p.done()
     t.done()
     return out
@@ -367,9 +386,11 @@ def _runtime(t: _Table) -> RuntimeConfig:
 def validate(raw: dict, path: str = "") -> Loaded:
     """Turn parsed TOML into a :class:`Config` or raise :class:`ConfigError`."""
     root = _Table(raw, "")
-    pipeline = _pipeline(root.table("pipeline", required=True))
+    pipeline_table = root.table("pipeline", required=True)
     producer = _producer(root.table("producer", required=True))
     processors = _processors(root.table("processors"))
+    # the pipeline's restart intensity defaults from the processors' max_crashes
+    pipeline = _pipeline(pipeline_table, processors[PROCESSOR_KEY].max_crashes)
     batchers = _batchers(root.table("batchers"))
     spark = _spark(root.table("spark")) if "spark" in raw else None
     if spark is not None:
@@ -388,6 +409,12 @@ def warnings(config: Config) -> list[str]:
     """Settings that run but have a consequence the user should know about."""
     out: list[str] = []
     proc = config.processors[PROCESSOR_KEY]
+    if proc.max_crashes and config.pipeline.max_restarts < proc.max_crashes:
+        out.append(
+            f"pipeline.max_restarts: {config.pipeline.max_restarts} restarts in "
+            f"{config.pipeline.max_seconds:g}s is fewer than processors.{PROCESSOR_KEY}."
+            f"max_crashes ({proc.max_crashes}): a poison message makes the daemon exit before "
+            f"it is dead-lettered; use at least {proc.max_crashes + 1}")
     if config.spark is not None:
         writes = sum(b.concurrency / b.batch_timeout for b in config.batchers.values())
         if writes > SPARK_WRITES_PER_SECOND:

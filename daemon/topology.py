@@ -180,6 +180,9 @@ def build(config: Any, *, stage_env: Callable[[str], dict[str, str]] | None = No
     if batcher_sups:
         children.append(SupervisorSpec(id="BatchersSupervisor", strategy=Strategy.ONE_FOR_ONE,
                                        children=batcher_sups))
+    # every processor crash is one restart here (ProcessorSupervisor gives up at once), so
+    # this intensity is what lets a poison message reach max_crashes and be failed
     topo.root = SupervisorSpec(id="PipelineSupervisor", strategy=Strategy.REST_FOR_ONE,
-                               children=children, shutdown=INFINITY)
+                               children=children, shutdown=INFINITY,
+                               max_restarts=p.max_restarts, max_seconds=p.max_seconds)
     return topo

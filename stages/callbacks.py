@@ -9,11 +9,13 @@ nothing here ever raises because of user code.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from offbroadway import BatchInfo, Message, Pipeline
 
 PROCESSOR_KEY = "default"
+#: the base class's pass-through: it cannot kill a process, so no frame record before it
+_BASE_PREPARE = Pipeline.prepare_messages
 
 
 def fail_all(messages: Iterable[Message], exc: BaseException, where: str) -> None:
@@ -22,17 +24,43 @@ def fail_all(messages: Iterable[Message], exc: BaseException, where: str) -> Non
         m.status = reason
 
 
+class Blame(Protocol):
+    """Where a processor records what it is running (:class:`..blame.BlameRecorder`)."""
+
+    def message(self, m: Message) -> None: ...
+
+    def frame(self, messages: list[Message]) -> None: ...
+
+    def idle(self) -> None: ...
+
+
 def process(handler: Pipeline, messages: list[Message], context: Any,
-            batchers: frozenset[str] | set[str] = frozenset()
+            batchers: frozenset[str] | set[str] = frozenset(), blame: Blame | None = None
             ) -> tuple[list[Message], list[Message]]:
     """``prepare_messages`` then ``handle_message`` on each: (done, failed).
 
-    Messages that arrive already failed (a spool line that is not JSON) skip the callbacks.
-    With batchers, a message routed to an unknown batcher fails with a clear reason.
+    Messages that arrive already failed (a spool line that is not JSON, a poison message)
+    skip the callbacks.  With batchers, a message routed to an unknown batcher fails with a
+    clear reason.  ``blame`` is told what runs before each callback that could kill the
+    process, so a message that does is known after the process is gone.
     """
     failed = [m for m in messages if m.status is not None]
     ok = [m for m in messages if m.status is None] if failed else messages
+    if blame is not None:
+        try:
+            return _process(handler, ok, failed, context, batchers, blame)
+        finally:
+            blame.idle()
+    return _process(handler, ok, failed, context, batchers, None)
+
+
+def _process(handler: Pipeline, ok: list[Message], failed: list[Message], context: Any,
+             batchers: frozenset[str] | set[str], blame: Blame | None
+             ) -> tuple[list[Message], list[Message]]:
     if ok:
+        if blame is not None and getattr(type(handler), "prepare_messages",
+                                         _BASE_PREPARE) is not _BASE_PREPARE:
+            blame.frame(ok)
         try:
             ok = handler.prepare_messages(ok, context)
         except Exception as exc:
@@ -41,7 +69,10 @@ def process(handler: Pipeline, messages: list[Message], context: Any,
             ok = []
     done: list[Message] = []
     handle = handler.handle_message
+    mark = blame.message if blame is not None else None
     for m in ok:
+        if mark is not None:
+            mark(m)
         try:
             r = handle(PROCESSOR_KEY, m, context)
         except Exception as exc:

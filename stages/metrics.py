@@ -28,6 +28,10 @@ COUNTERS = {
     "acked": ("offbroadway_messages_acked_total", "Messages acknowledged."),
     "requeued": ("offbroadway_messages_requeued_total",
                  "In-flight messages handed back to the source after a downstream exit."),
+    "poison_strikes": ("offbroadway_poison_strikes_total",
+                       "Processor crashes blamed on a message (each one redelivers it)."),
+    "poison_failed": ("offbroadway_poison_messages_total",
+                      "Messages failed as poison after killing a processor max_crashes times."),
     "malformed": ("offbroadway_malformed_frames_total", "Frames dropped as malformed."),
     "batches": ("offbroadway_batches_total", "Batches emitted or handled."),
 }

@@ -19,7 +19,7 @@ from typing import Any
 
 import zmq
 
-from . import callbacks, protocol
+from . import blame, callbacks, protocol
 from .acker import Acker
 from .consumer import Subscriptions, Upstream
 from .dispatch import PartitionDispatcher
@@ -57,6 +57,11 @@ class ProcessorStage(Stage):
             self.register(sock, self._on_upstream)
         self.acker = Acker([up.sock for up in self.subs.upstreams], self.handler,
                            self.context, self.counters)
+        # what runs right now, for the daemon to read if this process dies of it (poison)
+        self.blame = blame.BlameRecorder(blame.path(self.spec.runtime_dir, self.id))
+
+    def teardown(self) -> None:
+        self.blame.close()
 
     def stats(self) -> dict[str, Any]:
         s = super().stats()
@@ -116,7 +121,8 @@ class ProcessorStage(Stage):
         self.counters["in"] += len(events)
         messages = [protocol.event_to_message(e) for e in events]
         started = time.perf_counter()
-        done, failed = callbacks.process(self.handler, messages, self.context, self.batchers)
+        done, failed = callbacks.process(self.handler, messages, self.context, self.batchers,
+                                         self.blame)
         self.metrics.observe("handle_message", (time.perf_counter() - started) / len(events))
         if self.batchers:
             if failed:

@@ -5,6 +5,15 @@ until an ACK names it.  Acks come straight from whichever stage finished the mes
 When the daemon reports that a stage downstream died, everything still in flight is handed
 back to the source (``requeue``): at-least-once, so a SIGKILL anywhere loses nothing.
 
+Poison messages: when a processor died unexpectedly, the daemon names with the requeue
+what that processor was running (:mod:`.blame`).  The producer counts those crashes per
+message id (:mod:`.strikes`); a message that reaches ``max_crashes`` is not run again on
+its next delivery but emitted already failed, so it takes the ordinary failure path
+(``handle_failed``, then the source's ``fail``: dead-letter) and the pipeline keeps
+flowing.  A message with a crash against it is sent to a processor alone in its frame,
+and the messages of a ``prepare_messages`` frame that died are all sent alone next time,
+so the next crash names one message, never an innocent neighbour.
+
 Tokens start at the incarnation's start time in nanoseconds, so an ack for a message of a
 previous incarnation can never name a message of this one.
 """
@@ -28,6 +37,7 @@ from .inflight import InFlightTable
 from .sources import get_source
 from .spec import StageSpec
 from .stage import Stage, load_handler
+from .strikes import DEFAULT_CAP, StrikeTable
 
 log = logging.getLogger("offbroadway.producer")
 
@@ -56,13 +66,23 @@ class ProducerStage(Stage):
         self.buffer: list[list] = []
         self._acks: list = []
         self._fails: list = []
-        self.next_token = time.time_ns()
+        self.next_token = self.first_token = time.time_ns()
+        #: crashes blamed per message id; the limit comes with the daemon's requeue
+        self.strikes = StrikeTable(limit=0)
+        #: ids of a prepare_messages frame that died: each goes alone next time
+        self.isolate: set[str] = set()
+        #: token -> id of emitted messages that are struck or isolated (to forget on settle)
+        self._watch: dict[int, str] = {}
+        #: a processor died: suspects wait for the restarted processors (``release``), or a
+        #: sibling about to be terminated would run them and its death would count for nothing
+        self._hold = False
         self.draining = False
         self.paused = False
         self._retry_pending = False
         self._idle: bool | None = None
         self._settled_reported = False
-        self.counters.update(requeued=0, unknown_acks=0, returned=0, stale_returns=0)
+        self.counters.update(requeued=0, unknown_acks=0, returned=0, stale_returns=0,
+                             poison_strikes=0, poison_failed=0)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -84,7 +104,7 @@ class ProducerStage(Stage):
         s = super().stats()
         s.update(inflight=len(self.inflight), buffered=len(self.buffer),
                  demand=self.dispatcher.demand, draining=self.draining, paused=self.paused,
-                 source=self.source.stats())
+                 suspects=len(self.strikes) + len(self.isolate), source=self.source.stats())
         return s
 
     # -- frames from consumers ------------------------------------------------------------------
@@ -120,6 +140,8 @@ class ProducerStage(Stage):
             self.buffer = back + self.buffer
 
     def _settle(self, ok: list, failed: list) -> None:
+        if self._watch:
+            self._forget_settled(ok, failed)
         handles, failures = self.inflight.settle(ok, failed)
         self.counters["unknown_acks"] = self.inflight.unknown
         if handles:
@@ -167,12 +189,110 @@ class ProducerStage(Stage):
             token += 1
         self.next_token = token
         self.inflight.add_many(entries)
+        if self.strikes or self.isolate:
+            self._mark_suspects(events)
         return events
 
     def _dispatch(self, events: list[list]) -> list[list]:
+        held: list[list] = []
+        if self._watch:
+            events, held = self._dispatch_alone(events)
         leftovers, sent = self.downstream.deliver(events, _encode_events)
         self.counters["out"] += sent
-        return leftovers
+        return held + leftovers if held else leftovers
+
+    # -- poison messages ------------------------------------------------------------------------
+    def _mark_suspects(self, events: list[list]) -> None:
+        """Redelivered suspects: watched until settled; poison ones emitted already failed."""
+        strikes, isolate, watch = self.strikes, self.isolate, self._watch
+        for ev in events:
+            msg_id = ev[2]
+            if msg_id in strikes or msg_id in isolate:
+                watch[ev[1]] = msg_id
+                if ev[7] is None:
+                    verdict = strikes.verdict(msg_id)
+                    if verdict is not None:
+                        ev[7] = verdict
+
+    def _dispatch_alone(self, events: list[list]) -> tuple[list[list], list[list]]:
+        """Suspects still to be run go in frames of their own, so that if one kills its
+        processor again the blame names it alone; while ``_hold``, not at all.  Returns
+        (the others, to dispatch as usual; the suspects not sent)."""
+        watch = self._watch
+        if not any(ev[1] in watch and ev[7] is None for ev in events):
+            return events, []
+        rest: list[list] = []
+        held: list[list] = []
+        for ev in events:
+            if ev[1] in watch and ev[7] is None:
+                if self._hold:
+                    held.append(ev)
+                    continue
+                left, sent = self.downstream.deliver([ev], _encode_events)
+                self.counters["out"] += sent
+                held.extend(left)
+            else:
+                rest.append(ev)
+        return rest, held
+
+    def _forget_settled(self, ok: list, failed: list) -> None:
+        """Settled suspects are done with: their crash counts go (bounded memory).  A
+        poison message is counted here, once, when its failure settles (it may be emitted
+        failed more than once if a requeue overtakes it)."""
+        watch = self._watch
+        fails = [f[0] for f in failed if isinstance(f, (list, tuple)) and f]
+        for t in list(ok) + fails:
+            try:
+                msg_id = watch.pop(t, None)
+            except TypeError:         # an unhashable token off the wire
+                continue
+            if msg_id is None:
+                continue
+            if t in fails and t in self.inflight and self.strikes.verdict(msg_id):
+                self.counters["poison_failed"] += 1
+            self.strikes.forget(msg_id)
+            self.isolate.discard(msg_id)
+
+    def _ours(self, token: object) -> bool:
+        """Issued by this incarnation (an earlier one's token names nothing of ours)."""
+        return (isinstance(token, int) and not isinstance(token, bool)
+                and self.first_token <= token < self.next_token)
+
+    def _blame(self, blame: dict, max_crashes: int) -> None:
+        """A processor died running messages of ours: strike the one it was running, or
+        isolate the frame it was preparing."""
+        self.strikes.limit = max_crashes if isinstance(max_crashes, int) and max_crashes > 0 \
+            else 0
+        if not self.strikes.limit or not isinstance(blame, dict):
+            return
+        child, how = str(blame.get("child", "?")), str(blame.get("how", "?"))
+        raw = blame.get("suspects")
+        suspects = [(t, i) for t, i in (s for s in raw if isinstance(s, (list, tuple))
+                                        and len(s) == 2)
+                    if self._ours(t) and isinstance(i, str)] if isinstance(raw, list) else []
+        if not suspects:
+            return
+        frame_size = blame.get("frame_size", 1)
+        if blame.get("kind") == "handle_message" or (len(suspects) == 1 and frame_size == 1):
+            msg_id = suspects[0][1]
+            n = self.strikes.strike(msg_id, child, how)
+            self.counters["poison_strikes"] += 1
+            verdict = self.strikes.verdict(msg_id)
+            if verdict is not None:
+                log.error("%s: message %s is poison: it killed a processor %d times (last: "
+                          "%s %s); it is failed (dead-lettered) instead of run again",
+                          self.id, msg_id, n, child, how)
+            else:
+                log.warning("%s: message %s was running when %s %s (crash %d of %d allowed); "
+                            "requeued, it will run alone", self.id, msg_id, child, how, n,
+                            self.strikes.limit)
+            return
+        if len(self.isolate) + len(suspects) > DEFAULT_CAP:
+            self.isolate.clear()
+        self.isolate.update(i for _, i in suspects)
+        log.warning("%s: %s %s in prepare_messages of a frame of %s messages; they are "
+                    "requeued and each runs alone next time, to find the one at fault",
+                    self.id, child, how, frame_size)
 
     # -- drain, requeue and idleness ------------------------------------------------------------
     def _maybe_cancel_consumers(self) -> None:
@@ -212,13 +332,32 @@ class ProducerStage(Stage):
         if pause is not None:
             pause()
 
-    def cmd_requeue(self, reason: str = "") -> None:
-        """A stage downstream died: whatever it held is lost, so hand it all back."""
+    def cmd_requeue(self, reason: str = "", blame: dict | None = None,
+                    max_crashes: int = 0, hold: bool = False) -> None:
+        """A stage downstream died: whatever it held is lost, so hand it all back.
+
+        ``blame``: what the dead processor was running, if it died unexpectedly (see
+        :mod:`.blame`); ``max_crashes``: crashes after which a message is poison;
+        ``hold``: keep suspects back until ``release`` (the processors are restarting).
+        """
+        if blame is not None:
+            self._blame(blame, max_crashes)
+        if hold:
+            self._hold = True
+        self._watch.clear()        # every watched token is requeued now; ids stay struck
+        # buffered events are in flight too: the source has them back, so sending them
+        # now would run them twice (and a held suspect, no longer watched, unisolated)
+        self.buffer = []
         handles = self.inflight.take_all()
         if handles:
             self.source.requeue(handles)
             self.counters["requeued"] += len(handles)
             log.info("%s: requeued %d in-flight messages (%s)", self.id, len(handles), reason)
+        self.pump()
+
+    def cmd_release(self) -> None:
+        """The processors are back after a crash: suspects may run again (one per frame)."""
+        self._hold = False
         self.pump()
 
     def cmd_close(self) -> None:

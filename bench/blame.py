@@ -1,0 +1,57 @@
+"""Cost of the poison blame record on the processor's hot path.
+
+Runs :func:`offbroadway.stages.callbacks.process` on frames of messages with a trivial
+handler, with and without a :class:`~offbroadway.stages.blame.BlameRecorder`, and prints
+the time per message of each and the difference.  Pure CPU, no processes or sockets:
+what the record adds per message, not what the pipeline does around it.
+
+    .venv/bin/python bench/blame.py [--frames 20000] [--frame-size 10] [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+
+from offbroadway import Message, Pipeline
+from offbroadway.stages import blame, callbacks
+
+
+class Passthrough(Pipeline):
+    def handle_message(self, processor: str, message: Message, context) -> Message:
+        return message
+
+
+def run(frames: int, size: int, recorder: blame.BlameRecorder | None) -> float:
+    handler = Passthrough()
+    batch = [Message(f"part-{i:03d}.jsonl:{i}", {"seq": i}, origin=0, token=1_763_000_000 + i)
+             for i in range(size)]
+    started = time.perf_counter()
+    for _ in range(frames):
+        callbacks.process(handler, batch, None, frozenset(), recorder)
+    return (time.perf_counter() - started) / (frames * size)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--frames", type=int, default=20_000)
+    ap.add_argument("--frame-size", type=int, default=10)
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        rec = blame.BlameRecorder(blame.path(d, "processor_default_0"))
+        plain, blamed = [], []
+        for _ in range(args.repeat):      # interleaved, so load noise hits both alike
+            plain.append(run(args.frames, args.frame_size, None))
+            blamed.append(run(args.frames, args.frame_size, rec))
+        rec.close()
+    p, b = min(plain), min(blamed)
+    print(f"frames of {args.frame_size}, best of {args.repeat} x {args.frames} frames")
+    print(f"process() without blame: {p * 1e9:7.0f} ns/message")
+    print(f"process() with blame:    {b * 1e9:7.0f} ns/message")
+    print(f"blame record:            {(b - p) * 1e9:7.0f} ns/message")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""The pure parts of poison isolation: the strike table and the blame record.
+
+The record is tested through a real file and mapping (it is the one thing that must
+survive a process dying mid-write), including a child process that dies by SIGSEGV with a
+record written: the reader gets the message it was running.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+from offbroadway import Message
+from offbroadway.stages import blame
+from offbroadway.stages.strikes import StrikeTable
+
+
+def test_a_message_is_poison_at_the_limit_and_not_before() -> None:
+    t = StrikeTable(limit=3)
+    assert t.strike("m1", "processor_default_0", "exited with code 3") == 1
+    assert t.strike("m1", "processor_default_1", "killed by SIGSEGV") == 2
+    assert t.verdict("m1") is None
+    assert t.strike("m1", "processor_default_1", "killed by SIGSEGV") == 3
+    assert t.verdict("m1") == ("poison message: killed a processor 3 times "
+                               "(last: processor_default_1 killed by SIGSEGV)")
+    assert t.verdict("m2") is None
+
+
+def test_settled_ids_are_forgotten_and_limit_zero_records_nothing() -> None:
+    t = StrikeTable(limit=2)
+    t.strike("m1", "p", "x")
+    t.forget("m1")
+    assert "m1" not in t and len(t) == 0 and not t
+    t.forget("never seen")
+    off = StrikeTable(limit=0)
+    assert off.strike("m1", "p", "x") == 0
+    assert not off and off.verdict("m1") is None
+
+
+def test_the_table_is_capped_oldest_first() -> None:
+    t = StrikeTable(limit=3, cap=3)
+    for i in range(3):
+        t.strike(f"m{i}", "p", "x")
+    t.strike("m0", "p", "x")           # m0 is now the most recent
+    t.strike("m3", "p", "x")           # evicts m1, the oldest
+    assert set(["m0", "m2", "m3"]) == {m for m in ["m0", "m1", "m2", "m3"] if m in t}
+    assert t.evicted == 1 and t.crashes("m0") == 2
+
+
+@given(st.lists(st.tuples(st.sampled_from("abcdef"), st.booleans()), max_size=200),
+       st.integers(1, 4), st.integers(1, 6))
+def test_counts_match_a_model_within_the_cap(ops: list[tuple[str, bool]], limit: int,
+                                             cap: int) -> None:
+    t = StrikeTable(limit=limit, cap=cap)
+    model: dict[str, int] = {}
+    for msg_id, settle in ops:
+        if settle:
+            t.forget(msg_id)
+            model.pop(msg_id, None)
+        else:
+            t.strike(msg_id, "p", "x")
+            model[msg_id] = model.pop(msg_id, 0) + 1
+            while len(model) > cap:
+                del model[next(iter(model))]
+        assert len(t) <= cap
+        assert {m: t.crashes(m) for m in model} == model
+        for m, n in model.items():
+            assert (t.verdict(m) is not None) == (n >= limit)
+
+
+def _msg(msg_id: str, origin: int = 0, token: int = 1) -> Message:
+    return Message(msg_id, None, origin=origin, token=token)
+
+
+def test_a_record_round_trips_and_idle_blames_nobody(tmp_path: Path) -> None:
+    path = blame.path(str(tmp_path), "processor_default_0")
+    rec = blame.BlameRecorder(path)
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    rec.message(_msg("spool.jsonl:7", origin=2, token=1_763_000_000_000_000_123))
+    got = blame.parse(Path(path).read_bytes())
+    assert got == blame.Blame("handle_message", (
+        blame.Suspect(2, 1_763_000_000_000_000_123, "spool.jsonl:7"),), 1)
+    rec.idle()
+    assert blame.parse(Path(path).read_bytes()) is None
+    frame = [_msg(f"id-{i}-é", token=i) for i in range(5)]
+    rec.frame(frame)
+    got = blame.take(path)
+    assert got is not None and got.kind == "prepare_messages" and got.frame_size == 5
+    assert [s.id for s in got.suspects] == [m.id for m in frame]
+    assert not os.path.exists(path), "take removes the record"
+    assert blame.take(path) is None
+
+
+def test_what_cannot_be_recorded_is_not_blamed(tmp_path: Path) -> None:
+    path = blame.path(str(tmp_path), "p")
+    rec = blame.BlameRecorder(path)
+    rec.message(_msg("x" * blame.SIZE))             # an id too long for the page
+    assert blame.parse(Path(path).read_bytes()) is None
+    rec.message(_msg("ok", token=-1))               # a token off the wire out of range
+    assert blame.parse(Path(path).read_bytes()) is None
+    big = [_msg(f"{i:0100d}", token=i) for i in range(100)]
+    rec.frame(big)                                  # only as many ids as fit
+    got = blame.parse(Path(path).read_bytes())
+    assert got is not None and got.frame_size == 100 and 0 < len(got.suspects) < 100
+
+
+@given(st.binary(max_size=blame.SIZE))
+def test_parse_never_raises_on_garbage(raw: bytes) -> None:
+    blame.parse(raw)
+    blame.parse(blame.MAGIC + raw)
+
+
+def test_the_record_survives_a_segfault(tmp_path: Path) -> None:
+    path = blame.path(str(tmp_path), "p")
+    code = ("import ctypes, sys\n"
+            "from offbroadway import Message\n"
+            "from offbroadway.stages import blame\n"
+            "rec = blame.BlameRecorder(sys.argv[1])\n"
+            "rec.message(Message('the-poison', None, origin=0, token=42))\n"
+            "ctypes.string_at(0)\n")
+    proc = subprocess.run([sys.executable, "-c", code, path], capture_output=True, timeout=60)
+    assert proc.returncode == -11, proc.stderr
+    got = blame.take(path)
+    assert got is not None and got.suspects == (blame.Suspect(0, 42, "the-poison"),)
