@@ -21,7 +21,7 @@ from . import callbacks, protocol
 from .acker import Acker
 from .consumer import Subscriptions
 from .spec import StageSpec
-from .stage import Stage, load_handler
+from .stage import Stage, StageExit, load_handler
 
 log = logging.getLogger("offbroadway.batch_processor")
 
@@ -39,7 +39,8 @@ class BatchProcessorStage(Stage):
         if self.spec.spark:
             from .spark_sink import SparkSink  # pyspark stays out of every other stage
 
-            self.sink = SparkSink(**self.spec.spark, writer_id=self.id, on_wait=child.heartbeat)
+            self.sink = SparkSink(**self.spec.spark, writer_id=self.id, on_wait=child.heartbeat,
+                                  should_stop=lambda: not self.running)
         socks = [self.dealer(p) for p in self.spec.producers]
         for sock in socks:
             self.register(sock, self._on_producer)
@@ -90,7 +91,16 @@ class BatchProcessorStage(Stage):
         rows = callbacks.handle_batch(self.handler, batcher, messages, info, self.context)
         wrote = time.perf_counter()
         if self.sink is not None and rows:
-            self.sink.write(batcher, rows)   # marks the messages it could not write as failed
+            from .spark_sink import WriteAbandoned
+
+            try:
+                self.sink.write(batcher, rows)   # marks the messages it could not write failed
+            except WriteAbandoned:
+                # told to stop (SIGTERM) while Spark was failing: ack nothing; the producers
+                # requeue this batch when we exit, as for any stage that dies holding messages
+                log.warning("%s: stopping; a batch of %d left unacked (Spark write abandoned "
+                            "between retries)", self.id, len(rows))
+                raise StageExit from None
             self.metrics.observe("spark_write", time.perf_counter() - wrote, batcher)
         self.metrics.observe("handle_batch", wrote - started, batcher)
         self.metrics.observe("batch_size", len(messages), batcher)

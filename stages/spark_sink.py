@@ -102,7 +102,8 @@ from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 
 from .redact import mask_url
 
-__all__ = ["ENV_REMOTE", "ENV_TOKEN", "FORMATS", "RESERVED", "WRITER_COLUMN", "SparkSink"]
+__all__ = ["ENV_REMOTE", "ENV_TOKEN", "FORMATS", "RESERVED", "WRITER_COLUMN", "SparkSink",
+           "WriteAbandoned"]
 
 log = logging.getLogger("offbroadway.spark_sink")
 # pyspark warns each time its (deliberately short) client retry policy gives up; our own
@@ -120,6 +121,16 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 #: Errors that say "this plan/data is wrong": retrying cannot help.
 _PERMANENT = (AnalysisException, IllegalArgumentException, UnsupportedOperationException,
               ArithmeticException, DateTimeException)
+
+
+class WriteAbandoned(Exception):
+    """The owner is stopping (``should_stop()``) while a write was backing off between
+    attempts: the batch is neither committed nor failed, so its messages must stay unacked
+    and be delivered again.  Without this, a batch processor told to stop while Spark is
+    down kept retrying until SIGKILL at its shutdown deadline: after a crash of the local
+    Spark server that held the whole rest_for_one restart up for max(10 s,
+    shutdown_timeout) per batch processor, and every retry went to the dead incarnation's
+    port and token, so it could never succeed (found by bench/chaos.py)."""
 
 
 class _Permanent(Exception):
@@ -332,6 +343,7 @@ class SparkSink:
     def __init__(self, *, remote: str | None = None, output: str, format: str = "parquet",
                  partition_by: Sequence[str] = (), schema: str | None = None,
                  writer_id: str, on_wait: Callable[[], None] = lambda: None,
+                 should_stop: Callable[[], bool] = lambda: False,
                  token_env: str | None = None, token_file: str | None = None,
                  write_retry_seconds: float = 60.0, write_timeout: float = 600.0,
                  **options: Any) -> None:
@@ -354,6 +366,7 @@ class SparkSink:
         self.ddl = schema or None
         self.writer_id = writer_id
         self.on_wait = on_wait
+        self.should_stop = should_stop
         self.token_env = token_env
         self.token_file = token_file
         self.write_retry_seconds = float(write_retry_seconds)
@@ -375,7 +388,10 @@ class SparkSink:
         return f"{self.output}/{batcher}/{WRITER_COLUMN}={self.writer_dir}"
 
     def write(self, batcher: str, messages: list[Message]) -> None:
-        """Commit one row per healthy message; mark the others ``failed`` with a reason."""
+        """Commit one row per healthy message; mark the others ``failed`` with a reason.
+
+        Raises :class:`WriteAbandoned` (and marks nothing) when ``should_stop()`` turns true
+        while a failed attempt waits for the next one."""
         if not _SAFE_NAME.match(batcher):
             raise ValueError(f"batcher {batcher!r} is not a safe directory name")
         todo: list[Message] = []
@@ -414,6 +430,8 @@ class SparkSink:
                 before_sleep=self._before_sleep,
                 reraise=True,
             )(attempt)
+        except WriteAbandoned:
+            raise
         except _Permanent as exc:
             if exc.sticky:
                 self._permanent_error = str(exc)
@@ -612,10 +630,13 @@ class SparkSink:
         deadline = time.monotonic() + seconds
         while True:
             self.on_wait()
+            if self.should_stop():
+                self._drop_session()   # close() must not wait on a server that is gone
+                raise WriteAbandoned("stopping while a Spark write was being retried")
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            time.sleep(min(1.0, left))
+            time.sleep(min(0.2, left))
 
     def _before_sleep(self, state: tenacity.RetryCallState) -> None:
         self.stats["retries"] += 1

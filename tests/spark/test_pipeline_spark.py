@@ -164,6 +164,47 @@ def test_spark_down_retries_and_acks_nothing(short_tmp: Path) -> None:
     assert not (short_tmp / "state" / "spool" / "dead-letter.jsonl").exists()
 
 
+def test_a_batch_processor_stopped_while_spark_is_down_exits_at_once(short_tmp: Path) -> None:
+    """Regression (bench/chaos.py): a batch processor told to stop (here an operator
+    restart; in the chaos run the rest_for_one restart after a Spark server crash) while
+    its write was retrying kept retrying until SIGKILL at its shutdown deadline.  Now it
+    abandons the write at the next back-off, acks nothing and exits."""
+    spool = short_tmp / "spool"
+    spool.mkdir()
+    (spool / "part-000.jsonl").write_text("".join(
+        json.dumps({"seq": i, "route": "default"}) + "\n" for i in range(50)))
+    config = make_config(short_tmp, shutdown_timeout=5.0, batchers={
+        "default": {"batch_size": 50, "batch_timeout": 0.2}})
+    config.write_text(config.read_text() + spark_section(
+        short_tmp / "dataset", remote="sc://localhost:9", token_env=TOKEN_ENV,
+        write_retry_seconds=600.0))
+    env = {**test_env(), TOKEN_ENV: "not-a-real-token"}
+    log = short_tmp / "daemon.err"
+    with open(log, "w") as err_file:
+        daemon = subprocess.Popen(offbroadway_cmd("run", str(config)), cwd=REPO, env=env,
+                                  stdout=subprocess.DEVNULL, stderr=err_file, text=True)
+    try:
+        wait_until(lambda: "retrying" in log.read_text(), timeout=90,
+                   message="the sink to report retries")
+        restart = subprocess.run(
+            offbroadway_cmd("restart", "batch_processor_default_0", "--socket",
+                            str(short_tmp / "run" / "control.sock")),
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert restart.returncode == 0, restart.stderr
+        text = log.read_text()
+        assert "left unacked (Spark write abandoned" in text, text[-3000:]
+        assert "after SIGTERM: SIGKILL" not in text, "the batch processor waited for SIGKILL"
+        daemon.send_signal(signal.SIGTERM)
+        code = daemon.wait(60)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+    assert code == 0
+    # nothing acked, nothing dead-lettered: every line is still waiting in the spool
+    assert len((spool / "part-000.jsonl").read_text().splitlines()) == 50
+    assert not (short_tmp / "state" / "spool" / "dead-letter.jsonl").exists()
+
+
 def test_sigkill_of_the_daemons_own_spark_server_loses_nothing(short_tmp: Path) -> None:
     """The daemon starts and supervises its own server; its JVM is SIGKILLed mid-run.
     rest_for_one restarts everything after it; the output holds every line at least once."""

@@ -183,6 +183,29 @@ def _dead_port() -> int:
 
 
 @pytest.mark.filterwarnings("ignore:.*RETRIES_EXCEEDED")
+def test_a_stop_request_abandons_the_retries_and_fails_nothing(tmp_path):
+    """Regression (bench/chaos.py): a batch processor told to stop while Spark is down kept
+    retrying until SIGKILL.  Now the retry loop gives up at the next back-off and marks
+    nothing failed: the messages stay unacked, to be delivered again."""
+    from offbroadway.stages.spark_sink import WriteAbandoned
+
+    out = tmp_path / "out"
+    stop = {"now": False}
+    sink = _sink(remote=f"sc://127.0.0.1:{_dead_port()}", output=str(out), writer_id="w0",
+                 write_retry_seconds=600, should_stop=lambda: stop["now"],
+                 on_wait=lambda: stop.update(now=sink.stats["retries"] >= 1))
+    msgs = [Message(f"m-{i}", {"seq": i}) for i in range(10)]
+    t0 = time.monotonic()
+    with pytest.raises(WriteAbandoned):
+        sink.write("spark", msgs)
+    assert time.monotonic() - t0 < 300, "kept retrying toward the 600 s bound"
+    assert [m.status for m in msgs] == [None] * 10, "abandoned messages must not be failed"
+    assert sink.stats["failed_rows"] == 0 and sink.stats["rows"] == 0
+    assert not out.exists()
+    sink.close()
+
+
+@pytest.mark.filterwarnings("ignore:.*RETRIES_EXCEEDED")
 def test_spark_down_retries_within_bound_then_fails_everything(tmp_path):
     out = tmp_path / "out"
     beats: list[float] = []
