@@ -16,6 +16,8 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from offbroadway.stages.redact import mask_url
+
 PROCESSOR_KEY = "default"
 #: Unix socket paths are limited to 107 bytes (sun_path); the longest stage socket name
 #: we build is about 40 characters, so the runtime dir must leave room for it.
@@ -123,6 +125,11 @@ class Loaded:
 
 # -- reading one table ------------------------------------------------------------------------
 
+def _shown(value: Any) -> Any:
+    """A rejected value as an error may show it: a URL without its password or token."""
+    return mask_url(value) if isinstance(value, str) and "://" in value else value
+
+
 class _Table:
     """One TOML table being read: typed lookups that name the key, and unknown-key checks."""
 
@@ -152,13 +159,13 @@ class _Table:
             accepted = (*accepted, int)       # a TOML `30` is a fine duration
         if not isinstance(value, accepted):
             raise ConfigError(f"{self.key(name)}: expected {_type_names(types)}, "
-                              f"got {type(value).__name__} {value!r}")
+                              f"got {type(value).__name__} {_shown(value)!r}")
         if isinstance(value, int) and float in _as_tuple(types) and int not in _as_tuple(types):
             value = float(value)
         if check is not None:
             problem = check(value)
             if problem:
-                raise ConfigError(f"{self.key(name)}: {problem} (got {value!r})")
+                raise ConfigError(f"{self.key(name)}: {problem} (got {_shown(value)!r})")
         return value
 
     def table(self, name: str, required: bool = False) -> _Table:
@@ -344,6 +351,7 @@ def _spark(t: _Table) -> dict:
                       "must be a TCP port, or 0 to pick a free one"),
         "driver_memory": t.get("driver_memory", str, "1g"),
         "write_retry_seconds": t.get("write_retry_seconds", float, 60.0, check=_non_negative),
+        "write_timeout": t.get("write_timeout", float, 600.0, check=_positive),
     }
     if not all(isinstance(c, str) for c in out["partition_by"]):
         raise ConfigError(f"{t.key('partition_by')}: must be an array of column names")

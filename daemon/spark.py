@@ -59,7 +59,8 @@ HEARTBEAT_TIMEOUT = 30.0
 STOP_TIMEOUT = 10.0
 SHUTDOWN = 15.0
 
-SINK_KEYS = ("output", "format", "partition_by", "schema", "write_retry_seconds")
+SINK_KEYS = ("output", "format", "partition_by", "schema", "write_retry_seconds",
+             "write_timeout")
 REMOTE_KEYS = ("remote", "token_env", "token_file")
 
 

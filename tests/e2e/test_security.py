@@ -276,8 +276,6 @@ def test_check_masks_the_url_of_a_bad_source_option(short_tmp: Path) -> None:
     assert SECRET not in proc.stdout + proc.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="daemon/config.py prints a rejected value verbatim "
-                   "(`(got {value!r})`); spark.remote should go through mask_url")
 def test_check_masks_a_bad_spark_remote(short_tmp: Path) -> None:
     config = make_config(short_tmp, batchers={"default": {"batch_size": 10}})
     config.write_text(config.read_text() + f'\n[spark]\noutput = "{short_tmp / "o"}"\n'
