@@ -13,10 +13,12 @@ What one run does (issue 8, item 1):
 2. Publishes / writes N messages ``{"uid": i, "pad": …}`` with unique ``uid`` 0…N-1.
 3. Starts ``offbroadway run`` and, every ``uniform(0.5, 2)`` s, SIGKILLs one stage picked
    at random: first a kind (producer, processor, batcher, batch processor, the Spark
-   server JVM), then an instance.  Each kill is recorded with the child id, pid and the
-   producers' ``inflight`` and ``buffered`` counts of the status read just before it.
-   Once per run the daemon itself is SIGKILLed instead; every process of its tree must be
-   gone (psutil) before it is started again on the same config and runtime dir.
+   server JVM; kinds not killed yet first), then an instance.  Each kill is recorded with
+   the child id, pid and the producers' ``inflight`` and ``buffered`` counts (each
+   producer's largest in the statuses of the last 3 s, :class:`LoadWindow`).  Once per
+   run, when ``daemon_kill_at`` of the source is drained and the tree has settled, the
+   daemon itself is SIGKILLed instead; every process of its tree must be gone (psutil)
+   before it is started again on the same config and runtime dir.
 4. Stops killing when the source is drained (or after ``--kill-seconds``), waits until
    the queue has nothing ready or unacked (``rabbitmqctl list_queues``) / the spool has no
    file left, stops the daemon with SIGTERM (exit 0 expected) and reads the dataset back
@@ -30,7 +32,9 @@ most the sum of the in-flight counts recorded at the kills; the restart counters
 predict for the kills that incarnation took (:func:`expected_restarts`); no process of the
 SIGKILLed daemon's tree outlived it; the daemon never gave up and exited 0 on SIGTERM.
 
-Restart intensity.  The defaults allow 3 restarts in 5 s per supervisor, and a processor or
+Restart intensity.  The defaults allow 3 restarts in 5 s per supervisor (the pipeline
+supervisor's own come from ``[pipeline] max_restarts``/``max_seconds``; the killer reads
+every supervisor's from the tree the daemon builds, :func:`spec_tree`), and a processor or
 batch processor crash is charged to the supervisor *above* its own (their supervisors have
 ``max_restarts = 0`` and escalate at once): processors and the Spark server to
 ``PipelineSupervisor``, batchers and batch processors to ``BatcherSupervisor_<key>``,
@@ -40,9 +44,10 @@ giving up would then be the test's doing, not a finding.  So the killer keeps OT
 books (:class:`KillBudget`): a kill is allowed only while the supervisor it is charged to
 has taken at most ``max_restarts - 2`` kills within ``max_seconds`` + 2 s (one restart
 stays spare for a secondary crash, the 2 s cover the time between our kill and the
-supervisor's count), and only when that supervisor and everything between it and the
-target is ``running`` (a supervisor busy restarting counts an exit late, after its
-restart, which would compress the spacing the budget assumes).  With those rules any
+supervisor's count), and only when everything the kill's cascade restarts and every
+ancestor is ``running`` (:func:`eligible`: a busy supervisor counts an exit late, which
+would compress the spacing the budget assumes, and a restart in progress can be cancelled
+by its parent's, which makes restart counts depend on timing).  With those rules any
 restart count beyond the kills is the pipeline's own and the intensity never trips by
 our hand; if the daemon still gives up, that is reported.
 """
@@ -141,7 +146,7 @@ class Kill:
     kind: str
     pid: int                   # the pid in status (for spark: the wrapper's)
     signalled_pid: int         # what got SIGKILL (for spark: the JVM)
-    inflight: int              # sum of the producers' in-flight counts in the last status
+    inflight: int              # producers' in flight, each at its 3 s maximum (LoadWindow)
     buffered: int
     progress: float            # fraction of the source drained, roughly
     outcome: str = "unknown"   # counted | during-stop | unknown (from the daemon's log)
