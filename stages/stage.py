@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import importlib
+import inspect
 import logging
 import os
 import signal
@@ -142,6 +143,14 @@ class Stage:
             method = getattr(self, "cmd_" + name, None)
             if method is None:
                 log.warning("%s: unknown command %r", self.id, name)
+                continue
+            try:
+                # arguments checked before the call: a daemon of another version sending
+                # an argument we do not know must not kill the stage, but a TypeError
+                # inside the command is a bug and does
+                inspect.signature(method).bind(**args)
+            except TypeError as exc:
+                log.warning("%s: command %r with bad arguments ignored: %s", self.id, name, exc)
                 continue
             method(**args)
 

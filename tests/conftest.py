@@ -58,3 +58,16 @@ def start_daemon(config: Path, *extra: str, cwd: Path | None = None) -> subproce
     return subprocess.Popen(offbroadway_cmd("run", str(config), *extra), cwd=cwd or REPO,
                             env=test_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
+
+
+@pytest.fixture(scope="session")
+def spark_server(tmp_path_factory: pytest.TempPathFactory):
+    """One Spark Connect server for the whole session, shared by tests/spark and
+    tests/chaos: a JVM start costs 20-30 s and about 1 GB here (see tests/spark/conftest.py
+    for how it is started, exactly as the daemon starts its own)."""
+    from tests.spark.conftest import start_server
+
+    handle = start_server(tmp_path_factory.mktemp("spark"))
+    yield handle
+    code = handle.stop()
+    assert code == 0, f"spark_server exited with {code} on SIGTERM"

@@ -3,7 +3,8 @@
 The server is started exactly as the daemon starts it: argv and environment come from
 :func:`offbroadway.daemon.spark.plan` (fresh port and token), the notify pipe is a real
 pipe, and "started" means the ``R`` byte arrived.  Starting Spark costs 8-20 s here, so
-only the tests that kill a server start their own.
+only the tests that kill a server start their own.  The session's server itself, the
+``spark_server`` fixture, is in tests/conftest.py so that tests/chaos shares it.
 """
 
 from __future__ import annotations
@@ -127,14 +128,6 @@ def start_server(root: Path) -> ServerHandle:
         handle.proc.wait()
         raise
     return handle
-
-
-@pytest.fixture(scope="session")
-def spark_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    handle = start_server(tmp_path_factory.mktemp("spark"))
-    yield handle
-    code = handle.stop()
-    assert code == 0, f"spark_server exited with {code} on SIGTERM"
 
 
 @pytest.fixture(scope="session")
