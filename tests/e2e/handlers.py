@@ -59,11 +59,15 @@ class NoBatch(Recorder):
 
 
 def read_records(out_dir: str, prefix: str) -> list[dict]:
+    """Every complete record so far.  Read while the pipeline runs, a file's last line can
+    be half written (a reader may see part of a write in progress): it is left for the
+    next read, not parsed."""
     records = []
     for name in sorted(os.listdir(out_dir)):
         if name.startswith(prefix):
             with open(os.path.join(out_dir, name)) as f:
-                records.extend(json.loads(line) for line in f if line.strip())
+                records.extend(json.loads(line) for line in f
+                               if line.endswith("\n") and line.strip())
     return records
 
 

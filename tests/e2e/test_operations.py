@@ -39,7 +39,7 @@ def status(sock: Path) -> dict:
 
 
 def test_status_restart_drain_resume_stop_and_metrics(short_tmp: Path) -> None:
-    n = 6000
+    n, late = 6000, 500
     write_spool(short_tmp / "spool", n, files=2)
     port = free_port()
     config = make_config(short_tmp, context={"slow": 0.001}, batchers={
@@ -89,6 +89,11 @@ def test_status_restart_drain_resume_stop_and_metrics(short_tmp: Path) -> None:
         wait_until(settled, timeout=60, message="in-flight messages to settle after drain")
         handled = len(read_records(str(out), "batch-"))
         assert daemon.poll() is None
+        # work that arrives while drained waits for the resume (on a fast run the first
+        # n may all be done by now, so resume must be shown on lines that are certainly new)
+        late_lines = [json.dumps({"seq": n + i, "route": "even" if i % 2 == 0 else "odd",
+                                  "key": i % 3}) for i in range(late)]
+        (short_tmp / "spool" / "part-late.jsonl").write_text("\n".join(late_lines) + "\n")
         assert cli("resume", "--socket", str(sock)).returncode == 0
         wait_until(lambda: len(read_records(str(out), "batch-")) > handled, timeout=30,
                    message="resume to fetch again")
@@ -114,7 +119,7 @@ def test_status_restart_drain_resume_stop_and_metrics(short_tmp: Path) -> None:
                           env=test_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     counts = Counter(r["id"] for r in read_records(str(out), "batch-"))
-    assert len(counts) == n
+    assert len(counts) == n + late
 
 
 def test_cli_errors_without_a_daemon(short_tmp: Path) -> None:
