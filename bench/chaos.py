@@ -50,6 +50,16 @@ would compress the spacing the budget assumes, and a restart in progress can be 
 by its parent's, which makes restart counts depend on timing).  With those rules any
 restart count beyond the kills is the pipeline's own and the intensity never trips by
 our hand; if the daemon still gives up, that is reported.
+
+A status is only believed once it has seen every kill (:func:`unseen_kills`).  SIGKILL
+is asynchronous: the process dies, then the daemon's loop reads its pidfd, and a status
+answered in between shows the killed worker ``running`` with its old pid and the old
+restart counters.  Such a status made a kill look eligible while the previous one's
+cascade had not begun, and (the flake that found it) made the final books read right after
+the last kill, one restart short of the kills.  So no kill, settle or daemon kill goes by
+a status in which a killed worker still shows the pid it was killed under; once the new
+pid (or none) shows, the worker and its supervisors are in a non-running state until the
+whole cascade is done, because the daemon changes them on the same loop turn.
 """
 
 from __future__ import annotations
@@ -287,6 +297,14 @@ def eligible(status: dict, root: Any, kinds: Iterable[str]) -> dict[str, list[di
                 all(a["state"] == "running" for a in ancestors):
             out.setdefault(kind, []).append(node)
     return out
+
+
+def unseen_kills(status: dict, kills: Iterable[Kill]) -> list[Kill]:
+    """The kills this status does not reflect yet: the killed worker still shows the pid it
+    was killed under (the daemon has not read its exit; module doc).  A worker the daemon
+    has seen exit shows no pid or its successor's, so this is exact, not a guess."""
+    pids = {n["id"]: n.get("pid") for n, _ in walk(status["tree"])}
+    return [k for k in kills if k.child in pids and pids[k.child] == k.pid]
 
 
 def all_running(status: dict) -> bool:
@@ -541,6 +559,8 @@ class ChaosRun:
         self.orphans: list[str] = []
         #: "node:state" → kill slots that found it not running (why kills were late)
         self.blocked: Counter = Counter()
+        #: kills of this incarnation that no status has reflected yet (:func:`unseen_kills`)
+        self.unseen: list[Kill] = []
         self.load = LoadWindow()
         self.t0 = time.monotonic()
         self.proc: subprocess.Popen | None = None
@@ -560,6 +580,23 @@ class ChaosRun:
         if status is not None:
             self.load.add(self.now(), status)
         return status
+
+    def seen_all(self, status: dict) -> bool:
+        """Does ``status`` reflect every kill so far?  A kill once seen stays seen (its pid
+        is gone for good), so later statuses need not be checked for it again."""
+        self.unseen = unseen_kills(status, self.unseen)
+        return not self.unseen
+
+    def settled(self) -> dict | None:
+        """A status that has seen every kill and shows the whole tree running, or None."""
+        status = self.status()
+        if status is None:
+            return None
+        if not self.seen_all(status):
+            # would have passed a kill the daemon had not read yet: count it, it is the race
+            self.blocked.update(f"{k.child}:kill-not-seen" for k in self.unseen)
+            return None
+        return status if all_running(status) else None
 
     def daemon_alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -668,8 +705,10 @@ class ChaosRun:
             return False
         now = self.now()
         self.budget.record(node["id"], now)
-        self.kills.append(Kill(now, len(self.incarnations), node["id"], kind, pid, target,
-                               inflight, buffered, self.progress()))
+        kill = Kill(now, len(self.incarnations), node["id"], kind, pid, target, inflight,
+                    buffered, self.progress())
+        self.kills.append(kill)
+        self.unseen.append(kill)
         self.say(f"chaos: {now:7.1f}s kill {node['id']} (pid {target}); producers in flight "
                  f"{inflight}, buffered {buffered}")
         return True
@@ -679,8 +718,7 @@ class ChaosRun:
         assert self.proc is not None
         # Killed once the tree is settled: the restart counters of this incarnation are
         # then final and can be checked against its kills before they are lost with it.
-        status = self.wait_for("the tree to settle before the daemon kill",
-                               lambda: (s := self.status()) and all_running(s) and s,
+        status = self.wait_for("the tree to settle before the daemon kill", self.settled,
                                timeout=300)
         inc = self.incarnations[-1]
         inc.final_restarts = restarts_of(status)
@@ -760,6 +798,11 @@ class ChaosRun:
                 next_kill = self.now() + self.rng.uniform(opts.min_gap, opts.max_gap)
                 continue
             status = self.status()
+            if status and not self.seen_all(status):
+                # the last kill's exit not read yet: this status is from before it
+                self.blocked.update(f"{k.child}:kill-not-seen" for k in self.unseen)
+                time.sleep(0.1)
+                continue
             choice = self.pick(status) if status else None
             if choice is None and status:
                 self.blocked.update(f"{n['id']}:{n['state']}" for n, _ in walk(status["tree"])
@@ -791,8 +834,8 @@ class ChaosRun:
         self.wait_for("the source to be drained and everything acked",
                       lambda: self.side.remaining() == 0 and self.finished(),
                       timeout=self.opts.settle_timeout, interval=1.0)
-        return self.wait_for("the tree to be running", lambda: (s := self.status()) and
-                             all_running(s) and s, timeout=120)
+        return self.wait_for("the tree to be running with every kill seen", self.settled,
+                             timeout=120)
 
     def stop(self) -> int:
         assert self.proc is not None

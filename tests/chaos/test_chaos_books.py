@@ -11,6 +11,7 @@ import pytest
 
 from bench.chaos import (
     ChaosOptions,
+    Kill,
     KillBudget,
     LoadWindow,
     charged_supervisor,
@@ -20,6 +21,8 @@ from bench.chaos import (
     expected_restarts,
     output_check,
     spec_tree,
+    unseen_kills,
+    walk,
 )
 
 pytestmark = pytest.mark.chaos
@@ -100,6 +103,23 @@ def test_only_kills_handled_at_once_and_in_full_are_eligible(root) -> None:
     # the root restarting: nothing
     assert not eligible(status_of(root, {"PipelineSupervisor": "restarting"}), root,
                         ["producer", "processor"])
+
+
+def test_a_status_from_before_the_daemon_read_a_kill_is_not_believed(root) -> None:
+    """SIGKILL is asynchronous: until the daemon reads the exit, status shows the killed
+    worker running under its old pid with the old counters (the flake: final books read
+    3 ms after the last kill, one restart short).  Such a status must not count."""
+    kill = Kill(at=1.0, incarnation=1, child="batcher_spark", kind="batcher", pid=1000,
+                signalled_pid=1000, inflight=0, buffered=0, progress=0.5)
+    before = status_of(root)                       # every worker running as pid 1000
+    assert all(n["state"] == "running" for n in before["tree"]["children"])
+    assert unseen_kills(before, [kill]) == [kill]
+    # read: the worker shows no pid while its supervisor restarts it, then its successor's
+    exited = status_of(root, {"batcher_spark": "restarting"})
+    for node in (exited, status_of(root)):
+        batcher = next(n for n, _ in walk(node["tree"]) if n["id"] == "batcher_spark")
+        batcher["pid"] = None if node is exited else 2000
+        assert unseen_kills(node, [kill]) == []
 
 
 def test_exits_are_told_apart_by_level() -> None:
