@@ -229,7 +229,8 @@ class Daemon:
                 self.notifier.status(f"failed: {reason}")
                 return 1
             if waits[first] == "idle":
-                log.info("pipeline %s: source exhausted and everything acked; draining", name)
+                log.info("pipeline %s: source exhausted; draining (what is in flight is "
+                         "written and acked first)", name)
             await self.drain()
             return 0
         finally:

@@ -301,7 +301,10 @@ class ProducerStage(Stage):
             self.report("drained", {})
 
     def _watch_idle(self) -> None:
-        idle = not self.buffer and not len(self.inflight) and self.source.exhausted()
+        # in flight does not count: the drain that ``--until-idle`` starts on this report
+        # finishes those (a batcher flushes its partial batch at once instead of waiting
+        # for ``batch_timeout``) and the producers settle them before they close
+        idle = not self.buffer and self.source.exhausted()
         if idle != self._idle:
             self._idle = idle
             self.report("idle", {"idle": idle})

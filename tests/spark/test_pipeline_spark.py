@@ -99,20 +99,21 @@ def test_a_row_that_breaks_the_schema_fails_only_its_message(short_tmp: Path,
 
 def test_sigterm_mid_run_writes_the_partial_batches_and_loses_nothing(short_tmp: Path,
                                                                       spark_server) -> None:
-    n = 8000
+    n, size = 8000, 1000
     write_spool(short_tmp / "spool", n, files=2)
     out = short_tmp / "dataset"
     config = make_config(short_tmp, context={"slow": 0.005}, batchers={
-        "even": {"batch_size": 1000, "batch_timeout": 60.0},
-        "odd": {"batch_size": 1000, "batch_timeout": 60.0}})
+        "even": {"batch_size": size, "batch_timeout": 60.0},
+        "odd": {"batch_size": size, "batch_timeout": 60.0}})
     config.write_text(config.read_text() + spark_section(
         out, remote=spark_server.remote, token_env=TOKEN_ENV))
     env = daemon_env(spark_server)
     daemon = subprocess.Popen(offbroadway_cmd("run", str(config)), cwd=REPO, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_until(lambda: len(rows(out, "even")) + len(rows(out, "odd")) >= 2000, timeout=120,
-                   message="a few batches written")
+        # reading the dataset back costs CPU the daemon needs: poll gently
+        wait_until(lambda: len(rows(out, "even")) + len(rows(out, "odd")) >= 2 * size,
+                   timeout=120, interval=0.5, message="a few batches written")
         daemon.send_signal(signal.SIGTERM)
         code = daemon.wait(120)
     finally:
@@ -121,7 +122,7 @@ def test_sigterm_mid_run_writes_the_partial_batches_and_loses_nothing(short_tmp:
     assert code == 0, daemon.stderr.read()[-3000:]
     first = Counter(r["seq"] for r in rows(out, "even") + rows(out, "odd"))
     # the partial batches were flushed on the drain: not a multiple of batch_size
-    assert len(first) % 1000 != 0 and len(first) < n
+    assert len(first) % size != 0 and len(first) < n
     proc = run(config, env)                      # the rest, and only the rest
     assert proc.returncode == 0, proc.stderr[-3000:]
     total = Counter(r["seq"] for r in rows(out, "even") + rows(out, "odd"))
