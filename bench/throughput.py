@@ -78,7 +78,7 @@ def bare_ceiling(messages: int, payload_bytes: int) -> dict:
     result: mp.Queue = mp.Queue()
     # gen → (a) → 2 workers → (b) → collector → (c) → sink
     sink = mp.Process(target=_bare_sink, args=(c, 1, result))
-    collector = mp.Process(target=_collector, args=(b, c, 2))
+    collector = mp.Process(target=_collector, args=(b, c, frames))
     workers = [mp.Process(target=_bare_worker, args=(a, b)) for _ in range(2)]
     source = mp.Process(target=_bare_source_fanout, args=(a, frames, "x" * payload_bytes, 2))
     procs = [sink, collector, *workers, source]
@@ -88,7 +88,10 @@ def bare_ceiling(messages: int, payload_bytes: int) -> dict:
                              sink.is_alive())
     elapsed, n = result.get(timeout=600)
     for p in procs:
-        p.join()
+        p.join(5)
+        if p.is_alive():      # a worker whose end marker went to its sibling
+            p.terminate()
+            p.join()
     shutil.rmtree(tmp, ignore_errors=True)
     return {"events": n, "seconds": elapsed, "rate": n / elapsed, "peak_pss_bytes": peak}
 
@@ -108,18 +111,21 @@ def _bare_source_fanout(addr: str, frames: int, payload: str, consumers: int) ->
     out.close(linger=-1)
 
 
-def _collector(src: str, dst: str, ends_expected: int) -> None:
+def _collector(src: str, dst: str, frames: int) -> None:
+    """Ends after ``frames`` frames, not after one end marker per worker: PUSH
+    round-robins the markers too, and both can reach the same worker (which then hung
+    the run waiting for the other's)."""
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
     pull.bind(src)
     push = ctx.socket(zmq.PUSH)
     push.connect(dst)
-    ends = 0
-    while ends < ends_expected:
+    got = 0
+    while got < frames:
         frame = pull.recv()
         if not frame:
-            ends += 1
             continue
+        got += 1
         push.send(msgpack.packb(msgpack.unpackb(frame)))
     push.send(b"")
     push.close(linger=-1)
