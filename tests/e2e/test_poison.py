@@ -121,7 +121,9 @@ def run_poisoned(tmp: Path, config: Path, poison_id: str, handled_prefix: str, *
     assert f"killed a processor {MAX_CRASHES} times" in letters[0]["reason"]
     # handle_failed saw it, with the same reason, and no good message failed
     failed = read_records(str(out), "failed-")
-    assert [f["id"] for f in failed] == [poison_id]
+    # at least once: when a sibling's one_for_all exit requeues after the poison went out
+    # failed, handle_failed can see it again (seen under load); the dead letter stays one
+    assert {f["id"] for f in failed} == {poison_id}
     assert failed[0]["reason"] == letters[0]["reason"]
     assert f"message {poison_id} is poison" in err
     return err
