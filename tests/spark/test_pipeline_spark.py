@@ -129,21 +129,30 @@ def test_sigterm_mid_run_writes_the_partial_batches_and_loses_nothing(short_tmp:
     assert len(total) == n and max(total.values()) == 1
 
 
-def test_spark_down_retries_and_acks_nothing(short_tmp: Path) -> None:
-    spool = short_tmp / "spool"
+def start_against_dead_spark(tmp: Path, lines: int, write_retry_seconds: float
+                             ) -> tuple[subprocess.Popen, Path, dict[str, str]]:
+    """A daemon whose sink points at a Spark Connect port nobody listens on: ``lines``
+    spool lines, one batcher of 50; returns the daemon, its stderr log and its env."""
+    spool = tmp / "spool"
     spool.mkdir()
     (spool / "part-000.jsonl").write_text("".join(
-        json.dumps({"seq": i, "route": "default"}) + "\n" for i in range(200)))
-    out = short_tmp / "dataset"
-    config = make_config(short_tmp, shutdown_timeout=5.0, batchers={
+        json.dumps({"seq": i, "route": "default"}) + "\n" for i in range(lines)))
+    config = make_config(tmp, shutdown_timeout=5.0, batchers={
         "default": {"batch_size": 50, "batch_timeout": 0.2}})
     config.write_text(config.read_text() + spark_section(
-        out, remote="sc://localhost:9", token_env=TOKEN_ENV, write_retry_seconds=30.0))
+        tmp / "dataset", remote="sc://localhost:9", token_env=TOKEN_ENV,
+        write_retry_seconds=write_retry_seconds))
     env = {**test_env(), TOKEN_ENV: "not-a-real-token"}
-    log = short_tmp / "daemon.err"
+    log = tmp / "daemon.err"
     with open(log, "w") as err_file:
         daemon = subprocess.Popen(offbroadway_cmd("run", str(config)), cwd=REPO, env=env,
                                   stdout=subprocess.DEVNULL, stderr=err_file, text=True)
+    return daemon, log, env
+
+
+def test_spark_down_retries_and_acks_nothing(short_tmp: Path) -> None:
+    out = short_tmp / "dataset"
+    daemon, log, _env = start_against_dead_spark(short_tmp, 200, write_retry_seconds=30.0)
     try:
         try:
             wait_until(lambda: "retrying" in log.read_text(), timeout=90,
@@ -170,20 +179,7 @@ def test_a_batch_processor_stopped_while_spark_is_down_exits_at_once(short_tmp: 
     restart; in the chaos run the rest_for_one restart after a Spark server crash) while
     its write was retrying kept retrying until SIGKILL at its shutdown deadline.  Now it
     abandons the write at the next back-off, acks nothing and exits."""
-    spool = short_tmp / "spool"
-    spool.mkdir()
-    (spool / "part-000.jsonl").write_text("".join(
-        json.dumps({"seq": i, "route": "default"}) + "\n" for i in range(50)))
-    config = make_config(short_tmp, shutdown_timeout=5.0, batchers={
-        "default": {"batch_size": 50, "batch_timeout": 0.2}})
-    config.write_text(config.read_text() + spark_section(
-        short_tmp / "dataset", remote="sc://localhost:9", token_env=TOKEN_ENV,
-        write_retry_seconds=600.0))
-    env = {**test_env(), TOKEN_ENV: "not-a-real-token"}
-    log = short_tmp / "daemon.err"
-    with open(log, "w") as err_file:
-        daemon = subprocess.Popen(offbroadway_cmd("run", str(config)), cwd=REPO, env=env,
-                                  stdout=subprocess.DEVNULL, stderr=err_file, text=True)
+    daemon, log, env = start_against_dead_spark(short_tmp, 50, write_retry_seconds=600.0)
     try:
         wait_until(lambda: "retrying" in log.read_text(), timeout=90,
                    message="the sink to report retries")
@@ -202,7 +198,7 @@ def test_a_batch_processor_stopped_while_spark_is_down_exits_at_once(short_tmp: 
             daemon.kill()
     assert code == 0
     # nothing acked, nothing dead-lettered: every line is still waiting in the spool
-    assert len((spool / "part-000.jsonl").read_text().splitlines()) == 50
+    assert len((short_tmp / "spool" / "part-000.jsonl").read_text().splitlines()) == 50
     assert not (short_tmp / "state" / "spool" / "dead-letter.jsonl").exists()
 
 
