@@ -1,24 +1,34 @@
-"""End-to-end throughput: the real daemon against the bare ZeroMQ ceiling, in one run.
+"""End-to-end throughput: the real daemon against the shared bare ceiling, interleaved.
 
-    .venv/bin/python bench/throughput.py [--messages 2000000] [--dispatcher spread demand]
-        [--producers 1 10] [--max-demand 10] [--repeat 1] [--no-ceiling]
+    .venv/bin/python bench/throughput.py [--messages 2000000] [--repeat 5]
+        [--payload-bytes 16] [--dispatcher spread demand] [--producers 1]
+        [--max-demand N ...] [--no-ceiling] [--ceiling PATH]
 
-Pipeline: generator source (1 producer, or each of ``--producers``; ``count`` split among
-them), processors concurrency 2 (``max_demand`` 10, or ``--max-demand`` per dispatcher),
-one batcher with batch_size 100 and one batch processor, handlers that do nothing (issue
-3's set-up).  ``events_per_frame`` is what the processors received per EVENTS frame.  The
-daemon's rate is taken from its own status counters between the first acked message and
-the last one, so process start-up is not counted.  The ceiling is the same five processes
-(generator → 2 workers → collector → sink) passing msgpack frames of 100 events over
-ZeroMQ PUSH/PULL with no protocol, no demand and no acks: what Python and ZeroMQ cost by
-themselves on this machine.  Peak PSS of each process tree is sampled with psutil.
+Pipeline (issue 12's shape): generator source (1 producer, or ``--producers``; ``count``
+split among them) → processors concurrency 2 → one batcher (``batch_size`` 100) → one
+batch processor, handlers that do nothing but route to the batcher.  Demand settings are
+the defaults unless ``--max-demand`` names them (one per dispatcher, min_demand half).
+
+The ceiling is ``../shared/bench/ceiling.py`` run as it is (the same five processes
+passing msgpack frames of 100 events over ZeroMQ with no protocol, demand or acks), in the
+same run: every round runs the ceiling and then each configuration (the order reversed
+every other round), so the machine's load, shared with other work, hits both alike.  The
+ratio that counts is a round's rate over the same round's ceiling; the summary quotes
+medians.
+
+Per round it prints: messages/s; the ceiling's rate; their ratio; CPU µs per message per
+stage role (user + system of the whole process, all processes of the role summed, from
+the first acked message to the last, so start-up is not counted), of which the ZeroMQ I/O
+threads (every thread but the main one, from ``/proc`` via psutil); data-plane frames sent
+per message (every stage's ``frames`` counter: events, batches, asks, retracts, acks);
+and the peak PSS of the whole process tree (daemon and stages).  The daemon's rate is
+taken from its own status counters between the first acked message and the last one.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import shutil
 import statistics
@@ -28,108 +38,23 @@ import tempfile
 import time
 from pathlib import Path
 
-import msgpack
 import psutil
-import zmq
 
 REPO = Path(__file__).resolve().parent.parent
-FRAME = 100
+ROLES = ("producer", "processor", "batcher", "batch_processor")
 
 
-# -- the bare ceiling ---------------------------------------------------------------------------
-
-def _bare_worker(src: str, dst: str) -> None:
-    ctx = zmq.Context()
-    pull = ctx.socket(zmq.PULL)
-    pull.connect(src)
-    push = ctx.socket(zmq.PUSH)
-    push.connect(dst)
-    while True:
-        frame = pull.recv()
-        if not frame:
-            push.send(b"")
-            break
-        events = msgpack.unpackb(frame)
-        push.send(msgpack.packb(events))
-    push.close(linger=-1)
+def _default_ceiling() -> Path:
+    """``../shared/bench/ceiling.py`` from the repository (a worktree sits one level
+    further down, so the parent's parent is tried too)."""
+    for base in (REPO.parent, REPO.parent.parent):
+        path = base / "shared" / "bench" / "ceiling.py"
+        if path.exists():
+            return path
+    return REPO.parent / "shared" / "bench" / "ceiling.py"
 
 
-def _bare_sink(addr: str, expect_ends: int, result: mp.Queue) -> None:
-    ctx = zmq.Context()
-    pull = ctx.socket(zmq.PULL)
-    pull.bind(addr)
-    n = ends = 0
-    start = None
-    while ends < expect_ends:
-        frame = pull.recv()
-        if start is None:
-            start = time.perf_counter()
-        if not frame:
-            ends += 1
-            continue
-        n += len(msgpack.unpackb(frame))
-    result.put((time.perf_counter() - (start or time.perf_counter()), n))
-
-
-def bare_ceiling(messages: int, payload_bytes: int) -> dict:
-    tmp = tempfile.mkdtemp(prefix="obb-", dir="/tmp")
-    a, b, c = (f"ipc://{tmp}/{x}" for x in "abc")
-    frames = messages // FRAME
-    result: mp.Queue = mp.Queue()
-    # gen → (a) → 2 workers → (b) → collector → (c) → sink
-    sink = mp.Process(target=_bare_sink, args=(c, 1, result))
-    collector = mp.Process(target=_collector, args=(b, c, frames))
-    workers = [mp.Process(target=_bare_worker, args=(a, b)) for _ in range(2)]
-    source = mp.Process(target=_bare_source_fanout, args=(a, frames, "x" * payload_bytes, 2))
-    procs = [sink, collector, *workers, source]
-    for p in procs:
-        p.start()
-    peak = _sample_pss_while([p.pid for p in procs], lambda: source.is_alive() or
-                             sink.is_alive())
-    elapsed, n = result.get(timeout=600)
-    for p in procs:
-        p.join(5)
-        if p.is_alive():      # a worker whose end marker went to its sibling
-            p.terminate()
-            p.join()
-    shutil.rmtree(tmp, ignore_errors=True)
-    return {"events": n, "seconds": elapsed, "rate": n / elapsed, "peak_pss_bytes": peak}
-
-
-def _bare_source_fanout(addr: str, frames: int, payload: str, consumers: int) -> None:
-    ctx = zmq.Context()
-    out = ctx.socket(zmq.PUSH)
-    out.bind(addr)
-    seq = 0
-    for _ in range(frames):
-        events = [[0, seq + i, f"0-{seq + i}", {"seq": seq + i, "payload": payload}, {}]
-                  for i in range(FRAME)]
-        seq += FRAME
-        out.send(msgpack.packb(events))
-    for _ in range(consumers):
-        out.send(b"")
-    out.close(linger=-1)
-
-
-def _collector(src: str, dst: str, frames: int) -> None:
-    """Ends after ``frames`` frames, not after one end marker per worker: PUSH
-    round-robins the markers too, and both can reach the same worker (which then hung
-    the run waiting for the other's)."""
-    ctx = zmq.Context()
-    pull = ctx.socket(zmq.PULL)
-    pull.bind(src)
-    push = ctx.socket(zmq.PUSH)
-    push.connect(dst)
-    got = 0
-    while got < frames:
-        frame = pull.recv()
-        if not frame:
-            continue
-        got += 1
-        push.send(msgpack.packb(msgpack.unpackb(frame)))
-    push.send(b"")
-    push.close(linger=-1)
-
+# -- memory ----------------------------------------------------------------------------------
 
 def _tree_pss(pids: list[int]) -> int:
     total = 0
@@ -151,12 +76,22 @@ def _tree_pss(pids: list[int]) -> int:
     return total
 
 
-def _sample_pss_while(pids: list[int], alive, interval: float = 0.25) -> int:
+# -- the shared ceiling --------------------------------------------------------------------------
+
+def ceiling_run(path: Path, messages: int) -> dict:
+    """Run the shared ceiling as it is; its rate and the peak PSS of its tree."""
+    proc = subprocess.Popen([sys.executable, str(path), str(messages)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     peak = 0
-    while alive():
-        peak = max(peak, _tree_pss(pids))
-        time.sleep(interval)
-    return peak
+    while proc.poll() is None:
+        peak = max(peak, _tree_pss([proc.pid]))
+        time.sleep(0.2)
+    out, err = proc.communicate()
+    try:
+        rate = float(out.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        raise SystemExit(f"ceiling failed ({proc.returncode}): {err[-2000:]}") from None
+    return {"rate": rate, "peak_pss_bytes": peak}
 
 
 # -- the daemon ---------------------------------------------------------------------------------
@@ -174,9 +109,10 @@ class Noop(Pipeline):
 
 
 def daemon_run(messages: int, payload_bytes: int, dispatcher: str, producers: int = 1,
-               max_demand: int = 10) -> dict:
+               max_demand: int | None = None) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="obd-", dir="/tmp"))
     (tmp / "bench_noop.py").write_text(HANDLER)
+    demand = "" if max_demand is None else f"max_demand = {max_demand}\n"
     config = tmp / "bench.toml"
     config.write_text(f"""
 [pipeline]
@@ -194,8 +130,7 @@ payload_bytes = {payload_bytes}
 
 [processors.default]
 concurrency = 2
-max_demand = {max_demand}
-
+{demand}
 [batchers.sink]
 batch_size = 100
 batch_timeout = 1.0
@@ -215,11 +150,10 @@ state_dir = "{tmp}/state"
     sock = str(tmp / "run" / "control.sock")
     from offbroadway.daemon import control
 
-    first: tuple[float, int] | None = None
-    last: tuple[float, int] = (time.perf_counter(), 0)
+    first: tuple[float, int, dict] | None = None
+    last: tuple[float, int, dict] = (time.perf_counter(), 0, {})
     peak = 0
-    frames: dict[str, tuple[int, int]] = {}
-    cpu: dict[int, tuple[str, float]] = {}
+    frames: dict[str, tuple[int, int]] = {}     # stage id -> (frames sent, messages in)
     while daemon.poll() is None:
         try:
             status = control.request(sock, {"cmd": "status"}, timeout=5)["status"]
@@ -227,56 +161,66 @@ state_dir = "{tmp}/state"
             time.sleep(0.1)
             continue
         acked = _producer_acked(status["tree"])
-        _processor_frames(status["tree"], frames)
+        cpu: dict[int, tuple[str, float, float]] = {}
         _stage_cpu(status["tree"], cpu)
+        _stage_frames(status["tree"], frames)
         now = time.perf_counter()
         if acked and first is None:
-            first = (now, acked)
+            first = (now, acked, cpu)
         if acked > last[1]:
-            last = (now, acked)
+            last = (now, acked, cpu)
         peak = max(peak, _tree_pss([daemon.pid]))
         time.sleep(0.2)
-    err = daemon.stderr.read()
+    err = daemon.stderr.read() if daemon.stderr else ""
     shutil.rmtree(tmp, ignore_errors=True)
-    if daemon.returncode != 0 or first is None:
+    if daemon.returncode != 0 or first is None or last[1] <= first[1]:
         raise SystemExit(f"daemon failed ({daemon.returncode}):\n{err[-3000:]}")
     n = last[1] - first[1]
-    events_in = sum(e for e, _ in frames.values())
-    frames_in = sum(f for _, f in frames.values())
-    by_role: dict[str, float] = {}
-    for role, seconds in cpu.values():
-        by_role[role] = by_role.get(role, 0.0) + seconds
-    return {"events": last[1], "seconds": last[0] - first[0],
-            "rate": n / (last[0] - first[0]), "peak_pss_bytes": peak,
-            "events_per_frame": events_in / frames_in if frames_in else None,
-            "cpu_us_per_event": {r: round(s / last[1] * 1e6, 2) for r, s in by_role.items()}}
+    cpu_us: dict[str, float] = {}
+    io_us: dict[str, float] = {}
+    for pid, (role, total, io) in last[2].items():
+        t0, io0 = first[2].get(pid, (role, 0.0, 0.0))[1:]
+        cpu_us[role] = cpu_us.get(role, 0.0) + (total - t0) / n * 1e6
+        io_us[role] = io_us.get(role, 0.0) + (io - io0) / n * 1e6
+    sent = sum(f for f, _ in frames.values())
+    produced = sum(m for sid, (_, m) in frames.items() if sid.startswith("producer_"))
+    return {"rate": n / (last[0] - first[0]), "messages": last[1],
+            "peak_pss_bytes": peak,
+            "frames_per_message": sent / produced if produced else None,
+            "cpu_us_per_message": {r: round(cpu_us.get(r, 0.0), 2) for r in ROLES},
+            "io_threads_us_per_message": {r: round(io_us.get(r, 0.0), 2) for r in ROLES},
+            "cpu_us_per_message_total": round(sum(cpu_us.values()), 2)}
 
 
-def _stage_cpu(tree: dict, seen: dict[int, tuple[str, float]]) -> None:
-    """Every stage process's CPU seconds (user + system) so far, by pid: CPU per event is
-    what the dispatchers cost, and unlike a rate it barely moves with the machine's load.
-    Sampled every poll, so the last ~0.2 s of a stage's life is missed (the same for both
-    dispatchers)."""
+def _role(stage_id: str) -> str:
+    return next((r for r in ("batch_processor", "batcher", "processor", "producer")
+                 if stage_id.startswith(r)), stage_id)
+
+
+def _stage_cpu(tree: dict, seen: dict[int, tuple[str, float, float]]) -> None:
+    """Every stage process's CPU seconds so far by pid: (role, whole process, threads other
+    than the main one, i.e. ZeroMQ's I/O threads)."""
     pid = tree.get("pid")
     if pid and tree.get("kind") == "worker":
-        role = next(r for r in ("batch_processor", "batcher", "processor", "producer", "")
-                    if tree["id"].startswith(r))
         try:
-            t = psutil.Process(pid).cpu_times()
-            seen[pid] = (role or tree["id"], t.user + t.system)
+            proc = psutil.Process(pid)
+            t = proc.cpu_times()
+            io = sum(th.user_time + th.system_time for th in proc.threads() if th.id != pid)
+            seen[pid] = (_role(tree["id"]), t.user + t.system, io)
         except psutil.Error:
             pass
     for child in tree.get("children", []):
         _stage_cpu(child, seen)
 
 
-def _processor_frames(tree: dict, seen: dict[str, tuple[int, int]]) -> None:
-    """Processors' (events, event frames) received, as last reported (stats lag 1 s)."""
-    if tree["id"].startswith("processor_") and "event_frames" in tree.get("messages", {}):
-        m = tree["messages"]
-        seen[tree["id"]] = (m.get("in", 0), m["event_frames"])
+def _stage_frames(tree: dict, seen: dict[str, tuple[int, int]]) -> None:
+    """Each stage's data-plane frames sent and (producers) messages emitted, as last
+    reported (stats come once a second, and at a stage's end)."""
+    m = tree.get("messages", {})
+    if tree.get("kind") == "worker" and "frames" in m:
+        seen[tree["id"]] = (m["frames"], m.get("out", 0))
     for child in tree.get("children", []):
-        _processor_frames(child, seen)
+        _stage_frames(child, seen)
 
 
 def _producer_acked(tree: dict) -> int:
@@ -288,50 +232,68 @@ def _producer_acked(tree: dict) -> int:
     return total
 
 
+def _line(label: str, r: dict, ceiling: float | None) -> str:
+    ratio = f" ratio {r['rate'] / ceiling:.3f}" if ceiling else ""
+    cpu = " / ".join(f"{r['cpu_us_per_message'][x]:.2f}" for x in ROLES)
+    io = " / ".join(f"{r['io_threads_us_per_message'][x]:.2f}" for x in ROLES)
+    fpm = r["frames_per_message"]
+    return (f"  {label}: {r['rate']:,.0f} msg/s{ratio}; CPU us/msg producer / processors / "
+            f"batcher / batch processor {cpu} (total {r['cpu_us_per_message_total']:.2f}; "
+            f"zmq I/O threads {io}); frames/msg "
+            f"{'?' if fpm is None else f'{fpm:.4f}'}; PSS {r['peak_pss_bytes'] / 2**20:.0f} MB")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=2_000_000)
-    ap.add_argument("--payload-bytes", type=int, default=100)
+    ap.add_argument("--payload-bytes", type=int, default=16)
     ap.add_argument("--dispatcher", nargs="+", default=["spread"])
-    ap.add_argument("--producers", nargs="+", type=int, default=[1])
-    ap.add_argument("--max-demand", nargs="+", type=int, default=[10],
-                    help="processors' max_demand, per dispatcher in --dispatcher order")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="runs per dispatcher, the order reversed every other round; the "
-                         "rate reported is the median (the machine is shared: noisy)")
-    ap.add_argument("--no-ceiling", action="store_true", help="skip the bare ZeroMQ ceiling")
+    ap.add_argument("--producers", type=int, default=1)
+    ap.add_argument("--max-demand", nargs="+", type=int, default=None,
+                    help="processors' max_demand per dispatcher (default: the config's)")
+    ap.add_argument("--repeat", type=int, default=1, help="interleaved rounds")
+    ap.add_argument("--no-ceiling", action="store_true", help="skip the shared ceiling")
+    ap.add_argument("--ceiling", type=Path, default=_default_ceiling(),
+                    help="the shared ceiling script (run as it is)")
     args = ap.parse_args()
-    results: dict = {
-        "machine": f"{os.cpu_count()} cores, {psutil.virtual_memory().total >> 30} GiB"}
-    if not args.no_ceiling:
-        results["ceiling"] = bare_ceiling(args.messages, args.payload_bytes)
-    for producers in args.producers:
-        # the key is the dispatcher alone for 1 producer (the historical output)
-        suffix = "" if producers == 1 else f"@{producers}p"
-        demands = dict(zip(args.dispatcher, args.max_demand * len(args.dispatcher)))
-        runs: dict[str, list[dict]] = {d: [] for d in args.dispatcher}
-        for rep in range(args.repeat):
-            order = args.dispatcher if rep % 2 == 0 else args.dispatcher[::-1]
-            for d in order:
-                runs[d].append(daemon_run(args.messages, args.payload_bytes, d, producers,
-                                          demands[d]))
-        for d in args.dispatcher:
-            r = dict(runs[d][-1])
-            r["rate"] = statistics.median(x["rate"] for x in runs[d])
-            if args.repeat > 1:
-                r["rates"] = [round(x["rate"]) for x in runs[d]]
-            r["max_demand"] = demands[d]
-            if "ceiling" in results:
-                r["ratio_to_ceiling"] = r["rate"] / results["ceiling"]["rate"]
-            results[d + suffix] = r
-        if len(args.dispatcher) > 1:
-            a, b = args.dispatcher[:2]
-            results[f"{a}/{b}{suffix}"] = (results[a + suffix]["rate"] /
-                                           results[b + suffix]["rate"])
-            if args.repeat > 1:
-                results[f"{a}/{b}{suffix} per round"] = [
-                    round(x["rate"] / y["rate"], 3) for x, y in zip(runs[a], runs[b])]
-    print(json.dumps(results, indent=2))
+    demands = dict(zip(args.dispatcher, args.max_demand or [None] * len(args.dispatcher)))
+    runs: dict[str, list[dict]] = {d: [] for d in args.dispatcher}
+    ceilings: list[dict] = []
+    print(f"machine: {os.cpu_count()} cores; load {os.getloadavg()}", flush=True)
+    for rep in range(args.repeat):
+        print(f"round {rep + 1}", flush=True)
+        ceiling = None
+        if not args.no_ceiling:
+            c = ceiling_run(args.ceiling, args.messages)
+            ceilings.append(c)
+            ceiling = c["rate"]
+            print(f"  ceiling: {ceiling:,.0f} msg/s; PSS {c['peak_pss_bytes'] / 2**20:.0f} MB",
+                  flush=True)
+        order = args.dispatcher if rep % 2 == 0 else args.dispatcher[::-1]
+        for d in order:
+            r = daemon_run(args.messages, args.payload_bytes, d, args.producers, demands[d])
+            if ceiling:
+                r["ceiling"] = ceiling
+                r["ratio"] = r["rate"] / ceiling
+            runs[d].append(r)
+            label = d if demands[d] is None else f"{d} max_demand {demands[d]}"
+            print(_line(label, r, ceiling), flush=True)
+    summary: dict = {"load_after": os.getloadavg()}
+    if ceilings:
+        summary["ceiling_median"] = statistics.median(c["rate"] for c in ceilings)
+    for d, rs in runs.items():
+        s = {"rate_median": statistics.median(r["rate"] for r in rs),
+             "rates": [round(r["rate"]) for r in rs],
+             "cpu_us_per_message_median": {
+                 x: statistics.median(r["cpu_us_per_message"][x] for r in rs) for x in ROLES},
+             "frames_per_message_median": statistics.median(
+                 r["frames_per_message"] or 0 for r in rs),
+             "peak_pss_mb_median": statistics.median(r["peak_pss_bytes"] for r in rs) / 2**20}
+        if ceilings:
+            s["ratios"] = [round(r["ratio"], 3) for r in rs]
+            s["ratio_median"] = statistics.median(r["ratio"] for r in rs)
+        summary[d] = s
+    print(json.dumps(summary, indent=2))
 
 
 if __name__ == "__main__":

@@ -66,11 +66,17 @@ class ProducerConfig:
     max_seconds: float = 5.0
 
 
+#: a processor's default budget: frames of hundreds of events keep the data plane at frame
+#: speed (docs/benchmarks.md), and long jobs still go one at a time (the budget's prefetch
+#: follows the measured pace, docs/design-demand.md)
+DEFAULT_MAX_DEMAND = 1000
+
+
 @dataclass(frozen=True)
 class ProcessorConfig:
     concurrency: int = 2
-    max_demand: int = 10
-    min_demand: int = 5
+    max_demand: int = DEFAULT_MAX_DEMAND
+    min_demand: int = DEFAULT_MAX_DEMAND // 2
     partition_by: str | None = None
     heartbeat_timeout: float | None = 30.0
     memory_limit: int | None = None
@@ -291,7 +297,7 @@ def _processors(t: _Table) -> dict[str, ProcessorConfig]:
             raise ConfigError(f"{t.key(key)}: unknown processor key (only "
                               f"[processors.{PROCESSOR_KEY}] is supported, as in Broadway)")
     p = t.table(PROCESSOR_KEY)
-    max_demand = p.get("max_demand", int, 10, check=_positive)
+    max_demand = p.get("max_demand", int, DEFAULT_MAX_DEMAND, check=_positive)
     out[PROCESSOR_KEY] = ProcessorConfig(
         concurrency=p.get("concurrency", int, 2, check=_positive),
         max_demand=max_demand,

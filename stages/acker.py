@@ -27,6 +27,7 @@ class Acker:
         self.handler = handler
         self.context = context
         self.counters = counters
+        counters.setdefault("frames", 0)
 
     def finish(self, ok: Sequence[Message], failed: Sequence[Message]) -> None:
         if failed:
@@ -39,6 +40,7 @@ class Acker:
         for origin, (tokens, fails) in per_origin.items():
             if 0 <= origin < len(self.socks):
                 self.socks[origin].send(protocol.ack(tokens, fails), zmq.NOBLOCK)
+                self.counters["frames"] += 1
             else:
                 log.error("ack for unknown producer %r dropped (%d messages)", origin,
                           len(tokens) + len(fails))

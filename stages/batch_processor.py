@@ -31,7 +31,7 @@ class BatchProcessorStage(Stage):
         super().__init__(spec)
         self.handler = load_handler(spec.handler)
         self.context = spec.context
-        self.subs = Subscriptions(spec.max_demand, spec.min_demand)
+        self.subs = Subscriptions(spec.max_demand, spec.min_demand, counters=self.counters)
         self.sink = None
         self.counters.update(batches=0)
 
@@ -56,19 +56,15 @@ class BatchProcessorStage(Stage):
 
     def _on_producer(self, sock: zmq.Socket) -> None:
         # Producers only ever cancel an unknown subscription here; nothing to do.
-        while True:
-            try:
-                sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        while sock.get(zmq.EVENTS) & zmq.POLLIN:
+            sock.recv(zmq.NOBLOCK)
 
     def _on_upstream(self, sock: zmq.Socket) -> None:
         up = self.subs.by_sock[sock]
         for _ in range(10):
-            try:
-                frame = sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
+            if not sock.get(zmq.EVENTS) & zmq.POLLIN:
                 break
+            frame = sock.recv(zmq.NOBLOCK)
             msg = self.decode(frame, up.stage_id)
             if msg is None:
                 continue

@@ -45,7 +45,8 @@ class BatcherStage(Stage):
             self.dispatcher = SpreadDispatcher()
         self.pending: list[tuple] = []     # batches waiting for batch-processor demand
         self.subs = Subscriptions(spec.max_demand, spec.min_demand,
-                                  can_ask=lambda: len(self.pending) <= max(1, n))
+                                  can_ask=lambda: len(self.pending) <= max(1, n),
+                                  counters=self.counters)
         self.finished = False
         self._timer_at: float | None = None
         self.counters.update(batches=0)
@@ -67,10 +68,9 @@ class BatcherStage(Stage):
         up = self.subs.by_sock[sock]
         now = time.monotonic()
         for _ in range(100):
-            try:
-                frame = sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
+            if not sock.get(zmq.EVENTS) & zmq.POLLIN:
                 break
+            frame = sock.recv(zmq.NOBLOCK)
             msg = self.decode(frame, up.stage_id)
             if msg is None:
                 continue

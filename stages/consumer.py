@@ -70,8 +70,8 @@ class Subscriptions:
     def __init__(self, max_demand: int, min_demand: int,
                  can_ask: Callable[[], bool] = lambda: True, *, budget: bool = False,
                  index: int = 0,
-                 call_later: Callable[[float, Callable[[], None]], None] | None = None
-                 ) -> None:
+                 call_later: Callable[[float, Callable[[], None]], None] | None = None,
+                 counters: dict[str, int] | None = None) -> None:
         self.max_demand = max_demand
         self.ask_every = max(1, max_demand - min_demand)
         self.can_ask = can_ask
@@ -90,6 +90,9 @@ class Subscriptions:
         self._idle_check_armed = False
         self._rotating = False
         self.counters = {"asks": 0, "retracts": 0, "event_frames": 0, "returned": 0}
+        #: where frames sent are counted (``frames``): the stage's counters, if given
+        self.sent = counters if counters is not None else {}
+        self.sent.setdefault("frames", 0)
 
     # -- subscribing ----------------------------------------------------------------------
     def add(self, stage_id: str, sock: zmq.Socket, partition=None) -> Upstream:
@@ -233,6 +236,7 @@ class Subscriptions:
         for up, evs in back.values():
             for frame, _ in protocol.frames_within_limit(evs, protocol.give_back):
                 up.sock.send(frame, zmq.NOBLOCK)
+                self.sent["frames"] += 1
             self.counters["returned"] += len(evs)
             self._sync_hold()
             self._apply(budget.returned(len(evs)))
@@ -285,10 +289,12 @@ class Subscriptions:
                 self._send_ask(up, n)
             else:
                 self.counters["retracts"] += 1
+                self.sent["frames"] += 1
                 up.sock.send(protocol.retract(n), zmq.NOBLOCK)
 
     def _send_ask(self, up: Upstream, n: int) -> None:
         self.counters["asks"] += 1
+        self.sent["frames"] += 1
         up.sock.send(protocol.ask(n), zmq.NOBLOCK)
 
     # -- views ----------------------------------------------------------------------------

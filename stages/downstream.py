@@ -40,16 +40,17 @@ class Downstream:
         self.on_return = on_return
         self.on_change = on_change
         self.closed = False          # after cancel_all: late subscribers are told at once
+        stage.counters.setdefault("frames", 0)
         self.sock = stage.router()
         stage.register(self.sock, self._on_frames)
 
     def _on_frames(self, sock: zmq.Socket) -> None:
         stage = self.stage
+        # readiness from the socket's EVENTS, not a zmq.Again raised at the end of every drain
         for _ in range(READ_BURST):
-            try:
-                parts = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
+            if not sock.get(zmq.EVENTS) & zmq.POLLIN:
                 break
+            parts = sock.recv_multipart(zmq.NOBLOCK)
             if len(parts) != 2:       # not one of ours
                 stage.counters["malformed"] += 1
                 continue
@@ -95,6 +96,7 @@ class Downstream:
         """False when the peer is gone (ROUTER_MANDATORY turns a silent drop into an error)."""
         try:
             self.sock.send_multipart([peer, frame], zmq.NOBLOCK)
+            self.stage.counters["frames"] += 1
             return True
         except zmq.ZMQError:
             return False

@@ -8,13 +8,16 @@ prometheus-client is not even imported.
 Counters are not incremented on the message hot path: the stage keeps plain integer
 counters and :meth:`StageMetrics.flush` adds their deltas once per tick (about a second).
 Counter files of dead processes are kept by multiprocess mode, so a restarted stage does
-not reset the totals an operator sees.  Histograms are observed once per frame or batch.
+not reset the totals an operator sees.  Histogram observations (one per frame or batch)
+are accumulated the same way, as bucket counts and a sum in plain Python, and published
+per tick: prometheus-client checks the pid and writes its mmap on every call.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from bisect import bisect_left
 from collections.abc import Iterator
 from typing import Any
 
@@ -59,6 +62,9 @@ class StageMetrics:
     def __init__(self, pipeline: str, stage: str, role: str) -> None:
         self.enabled = bool(os.environ.get(MULTIPROC_ENV))
         self._last: dict[str, int] = {}
+        #: (name, batcher) -> (count per bucket, [sum]) since the last flush
+        self._pending: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
+
         if not self.enabled:
             return
         from prometheus_client import Counter, Gauge, Histogram
@@ -69,13 +75,16 @@ class StageMetrics:
                               for k, (n, h) in COUNTERS.items()}
             self._gauges = {k: Gauge(n, h, LABELS, multiprocess_mode="livesum").labels(*labels)
                             for k, (n, h) in GAUGES.items()}
-        self._histograms: dict[str, Any] = {}
+        self._histograms: dict[Any, Any] = {}
         self._hist_defs = HISTOGRAMS
+        #: finite bucket bounds per histogram (the last bucket, +Inf, is implicit)
+        self._bounds = {k: list(b) for k, (_, _, b) in HISTOGRAMS.items()}
         self._labels = labels
         self._hist_cls = Histogram
 
     def flush(self, counters: dict[str, int], gauges: dict[str, Any]) -> None:
-        """Publish counter deltas since the last flush, and the current gauge values."""
+        """Publish counter deltas since the last flush, the current gauge values, and the
+        histogram observations accumulated since the last flush (once per tick)."""
         if not self.enabled:
             return
         for key, counter in self._counters.items():
@@ -88,10 +97,24 @@ class StageMetrics:
             value = gauges.get(key)
             if isinstance(value, (int, float)):
                 gauge.set(value)
+        if self._pending:
+            pending, self._pending = self._pending, {}
+            for (name, batcher), (counts, total) in pending.items():
+                self._publish(self._histogram(name, batcher), counts, total)
 
     def observe(self, name: str, value: float, batcher: str = "") -> None:
+        """Count one observation in plain Python (a bucket count and a sum): the
+        prometheus-client call, which checks the pid and writes the mmap file on every
+        observe, happens once per tick in :meth:`flush`."""
         if not self.enabled:
             return
+        acc = self._pending.get((name, batcher))
+        if acc is None:
+            acc = self._pending[(name, batcher)] = ([0] * (len(self._bounds[name]) + 1), [0.0])
+        acc[0][bisect_left(self._bounds[name], value)] += 1
+        acc[1][0] += value
+
+    def _histogram(self, name: str, batcher: str) -> Any:
         hist = self._histograms.get((name, batcher))
         if hist is None:
             metric, help_text, buckets = self._hist_defs[name]
@@ -102,7 +125,25 @@ class StageMetrics:
             with _private_files():
                 hist = family.labels(*self._labels, batcher)
             self._histograms[(name, batcher)] = hist
-        hist.observe(value)
+        return hist
+
+    def _publish(self, hist: Any, counts: list[int], total: list[float]) -> None:
+        """Add accumulated bucket counts to a prometheus-client histogram: each bucket's
+        value once, as ``Histogram.observe`` would have after that many calls (its
+        buckets are stored per bound, not cumulative; the last is +Inf)."""
+        buckets = getattr(hist, "_buckets", None)
+        hsum = getattr(hist, "_sum", None)
+        if buckets is None or hsum is None or len(buckets) != len(counts):
+            # another prometheus-client layout: observe each bucket's count at its bound
+            bounds = [*hist._upper_bounds] if hasattr(hist, "_upper_bounds") else []
+            for i, c in enumerate(counts):
+                for _ in range(c):
+                    hist.observe(bounds[i] if i < len(bounds) else float("inf"))
+            return
+        hsum.inc(total[0])
+        for i, c in enumerate(counts):
+            if c:
+                buckets[i].inc(c)
 
 
 @contextlib.contextmanager

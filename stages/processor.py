@@ -40,7 +40,8 @@ class ProcessorStage(Stage):
         self.out: list[list] = []
         self.subs = Subscriptions(spec.max_demand, spec.min_demand,
                                   can_ask=lambda: len(self.out) < self.out_limit,
-                                  budget=True, index=spec.index, call_later=self.call_later)
+                                  budget=True, index=spec.index, call_later=self.call_later,
+                                  counters=self.counters)
         self.finished = False
         #: frames received and not yet handled: (upstream, events, counted by the budget)
         self.inbox: deque[tuple[Upstream, list, bool]] = deque()
@@ -102,11 +103,11 @@ class ProcessorStage(Stage):
     def _read(self, up: Upstream, limit: int = 100) -> None:
         """Up to ``limit`` frames from ``up``: events to the inbox (the subscriptions are
         told they arrived), anything else to the subscriptions."""
+        sock = up.sock
         for _ in range(limit):
-            try:
-                frame = up.sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
+            if not sock.get(zmq.EVENTS) & zmq.POLLIN:
                 break
+            frame = sock.recv(zmq.NOBLOCK)
             msg = self.decode(frame, up.stage_id)
             if msg is None:
                 continue

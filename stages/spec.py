@@ -28,8 +28,8 @@ class StageSpec:
     upstream: tuple[str, ...] = ()
     # producer ids, for stages that ack (processors, batch processors)
     producers: tuple[str, ...] = ()
-    max_demand: int = 10
-    min_demand: int = 5
+    max_demand: int = 1000
+    min_demand: int = 500
     # processors: the batcher keys they partition to (empty: processors ack themselves)
     batchers: tuple[str, ...] = ()
     # producer
