@@ -49,8 +49,11 @@ class RuntimeDirError(RuntimeError):
 
 def prepare_private_dir(path: str) -> None:
     """Create ``path`` 0700, or refuse one that others could write to (sockets live there)."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.stat(path)
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.stat(path)
+    except OSError as exc:     # check says so first (config.preflight); a race lands here
+        raise RuntimeDirError(f"runtime dir {path}: {exc.strerror or exc}") from None
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise RuntimeDirError(f"runtime dir {path} is writable by group/others "
                               f"(mode {stat.S_IMODE(st.st_mode):o}); refusing to start")

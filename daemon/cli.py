@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from offbroadway.stages.logs import configure as configure_logging
 
@@ -17,37 +17,48 @@ from . import control
 EXIT_CONFIG = 2
 
 
-def _load(path: str, *, handler: bool = False):
+def _load(path: str, *, full: bool = False):
     """The validated config, or exit 2 naming the key at fault (the contract of ``check``).
 
-    With ``handler``, the source's options and the handler import are checked too.
+    With ``full``, also everything ``run`` would refuse at start (:func:`config.preflight`:
+    directories, the source's options and files, the handler, pyspark and Java); returns
+    (config, notes on what only a running daemon can tell).
     """
-    from .config import ConfigError, check_handler, check_source, load_config
+    from .config import ConfigError, load_config, preflight
 
+    notes: list[str] = []
     try:
         loaded = load_config(path)
-        if handler:
-            check_source(loaded.config)
-            check_handler(loaded.config)
+        if full:
+            notes = preflight(loaded.config)
     except ConfigError as exc:
-        print(f"offbroadway: invalid config {path}: {exc}", file=sys.stderr)
-        sys.exit(EXIT_CONFIG)
+        _fail(f"invalid config {path}: {exc}", EXIT_CONFIG)
     except OSError as exc:
-        print(f"offbroadway: cannot read config {path}: {exc}", file=sys.stderr)
-        sys.exit(EXIT_CONFIG)
+        _fail(f"cannot read config {path}: {exc}", EXIT_CONFIG)
     for warning in loaded.warnings:
-        print(f"offbroadway: warning: {warning}", file=sys.stderr)
-    return loaded.config
+        print(f"offbroadway: warning: {_one_line(warning)}", file=sys.stderr)
+    return (loaded.config, notes) if full else loaded.config
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    print(f"offbroadway: {_one_line(message)}", file=sys.stderr)
+    sys.exit(code)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    config = _load(args.config, handler=True)
+    config, notes = _load(args.config, full=True)
     print(f"{args.config}: ok (pipeline {config.pipeline.name})")
+    for note in notes:
+        print(f"  not checked: {note}")
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    config = _load(args.config, handler=True)
+    config, _notes = _load(args.config, full=True)
     configure_logging(config.runtime.log_level, config.runtime.log_format, "daemon")
     from .app import Daemon, RuntimeDirError
 

@@ -19,10 +19,12 @@ from typing import Any, Callable
 from offbroadway.stages.redact import mask_url
 
 PROCESSOR_KEY = "default"
-#: Unix socket paths are limited to 107 bytes (sun_path); the longest stage socket name
-#: we build is about 40 characters, so the runtime dir must leave room for it.
+#: Unix socket paths are limited to 107 bytes (sun_path is 108 with its NUL); every stage
+#: binds ``<runtime.dir>/<stage id>.sock``, so the runtime dir and the batcher keys (in the
+#: batch processors' ids) must leave room for the longest one (see :func:`socket_paths`).
 MAX_SOCKET_PATH = 107
-LONGEST_SOCKET_NAME = 48
+#: the top-level sections a config may have
+SECTIONS = ("pipeline", "producer", "processors", "batchers", "spark", "metrics", "runtime")
 SOURCES = ("generator", "spool", "rabbitmq", "redis")
 DISPATCHERS = ("spread", "demand")
 SPARK_FORMATS = ("parquet", "json", "orc")
@@ -383,10 +385,6 @@ def _runtime(t: _Table) -> RuntimeConfig:
     rdir = os.path.abspath(t.get("dir", str, "var/run"))
     state = os.path.abspath(t.get("state_dir", str, os.path.join(os.path.dirname(rdir),
                                                                  "state")))
-    if len(rdir) + len("/") + LONGEST_SOCKET_NAME > MAX_SOCKET_PATH:
-        raise ConfigError(f"{t.key('dir')}: {rdir!r} is too long for unix socket paths "
-                          f"({len(rdir)} characters; keep it under "
-                          f"{MAX_SOCKET_PATH - LONGEST_SOCKET_NAME - 1})")
     out = RuntimeConfig(
         dir=rdir, state_dir=state,
         log_level=t.get("log_level", str, "info", check=_one_of(LOG_LEVELS)),
@@ -400,6 +398,7 @@ def _runtime(t: _Table) -> RuntimeConfig:
 def validate(raw: dict, path: str = "") -> Loaded:
     """Turn parsed TOML into a :class:`Config` or raise :class:`ConfigError`."""
     root = _Table(raw, "")
+    _unknown_sections(raw)
     pipeline_table = root.table("pipeline", required=True)
     producer = _producer(root.table("producer", required=True))
     processors = _processors(root.table("processors"))
@@ -416,7 +415,66 @@ def validate(raw: dict, path: str = "") -> Loaded:
         raise ConfigError("spark: a [spark] sink needs at least one [batchers.<key>] section "
                           "(Spark writes batches)")
     config = Config(pipeline, producer, processors, batchers, spark, metrics, runtime, path)
+    _check_socket_paths(config)
     return Loaded(config, warnings(config))
+
+
+def _unknown_sections(raw: dict) -> None:
+    """A misspelt section (``[pipelin]``) is named as unknown before any required section
+    is missed: "pipeline: required section" would send the user looking for the wrong
+    thing."""
+    import difflib
+
+    unknown = sorted(k for k in raw if k not in SECTIONS)
+    if not unknown:
+        return
+    close = difflib.get_close_matches(unknown[0], SECTIONS, n=1)
+    hint = f"; did you mean [{close[0]}]?" if close else f"; sections are {', '.join(SECTIONS)}"
+    also = f" (also unknown: {', '.join(unknown[1:])})" if unknown[1:] else ""
+    raise ConfigError(f"{unknown[0]}: unknown key{hint}{also}")
+
+
+def socket_paths(config: Config) -> dict[str, str]:
+    """Every unix socket the daemon and its stages bind → the config key that shapes its
+    name (``runtime.dir`` for the fixed names, ``batchers.<key>`` for a batcher's stages).
+
+    Computed from the topology the daemon builds, so a new stage or a longer name can never
+    outgrow a length assumed here.
+    """
+    from offbroadway.stages.spec import HUB
+
+    from .control import CONTROL_SOCKET
+    from .topology import build
+
+    topo = build(config)
+    rdir = config.runtime.dir
+    out = {os.path.join(rdir, CONTROL_SOCKET): "runtime.dir",
+           os.path.join(rdir, f"{HUB}.sock"): "runtime.dir"}
+    owner = {}
+    for key in config.batchers:
+        owner[f"batcher_{key}"] = f"batchers.{key}"
+        for i in range(config.batchers[key].concurrency):
+            owner[f"batch_processor_{key}_{i}"] = f"batchers.{key}"
+    for sid in topo.stages:
+        out[os.path.join(rdir, f"{sid}.sock")] = owner.get(sid, "runtime.dir")
+    return out
+
+
+def _check_socket_paths(config: Config) -> None:
+    too_long = [(len(os.fsencode(p)), p, key) for p, key in socket_paths(config).items()
+                if len(os.fsencode(p)) > MAX_SOCKET_PATH]
+    if not too_long:
+        return
+    size, path, key = max(too_long)
+    # blame a batcher key only when the runtime dir alone fits
+    if any(k == "runtime.dir" for _, _, k in too_long):
+        key = "runtime.dir"
+        size, path, _ = max(t for t in too_long if t[2] == "runtime.dir")
+    fix = ("use a shorter runtime.dir" if key == "runtime.dir" else
+           "use a shorter batcher key or a shorter runtime.dir")
+    raise ConfigError(f"{key}: the socket {path!r} would be {size} bytes, over the "
+                      f"{MAX_SOCKET_PATH}-byte limit of unix socket paths (too long for unix "
+                      f"sockets); {fix} (runtime.dir is {len(config.runtime.dir)} characters)")
 
 
 def warnings(config: Config) -> list[str]:
@@ -462,19 +520,95 @@ def load_config(path: str) -> Loaded:
     return validate(raw, os.path.abspath(path))
 
 
-def check_source(config: Config) -> None:
-    """Let the source validate its options, so ``check`` names ``producer.options.<key>``."""
+def check_source(config: Config) -> list[str]:
+    """Let the source validate its options, so ``check`` names ``producer.options.<key>``,
+    and check what it can of them without connecting (:meth:`Source.preflight`).
+
+    Returns the source's notes on what only a live connection can tell.
+    """
     from offbroadway.stages.sources import get_source
     from offbroadway.stages.sources.base import SourceOptionError
 
     try:
-        get_source(config.producer.source).validate_options(config.producer.options)
+        cls = get_source(config.producer.source)
+        cls.validate_options(config.producer.options)
+        return list(cls.preflight(config.producer.options))
     except ValueError as exc:   # SourceOptionError names the option; others may not
         option = exc.option if isinstance(exc, SourceOptionError) else None
         key = f"producer.options.{option}" if option else "producer.options"
         raise ConfigError(f"{key}: {exc}") from None
     except ImportError as exc:
         raise ConfigError(f"producer.source: {exc}") from None
+
+
+def _check_dir(key: str, path: str) -> None:
+    """``path`` is a directory we can use, or can be created as one (nothing is created)."""
+    probe = path
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe):
+        what = "is a file, not a directory" if probe == path else \
+            f"cannot be created: {probe!r} is a file, not a directory"
+        raise ConfigError(f"{key}: {path!r} {what}")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        what = "is not writable" if probe == path else \
+            f"cannot be created: no write permission on {probe!r}"
+        raise ConfigError(f"{key}: {path!r} {what} (uid {os.getuid()})")
+
+
+def _module_available(name: str) -> bool:
+    import importlib.util
+    import sys
+
+    if name in sys.modules:
+        return sys.modules[name] is not None
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def find_java() -> str | None:
+    """The ``java`` the local Spark server will exec (``$JAVA_HOME/bin/java``, else PATH)."""
+    import shutil
+
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        java = os.path.join(home, "bin", "java")
+        return java if os.access(java, os.X_OK) else None
+    return shutil.which("java")
+
+
+def check_spark(config: Config) -> list[str]:
+    """pyspark importable, and Java for a local server: the batch processors and the Spark
+    child fail at start without them."""
+    if config.spark is None:
+        return []
+    if not _module_available("pyspark"):
+        raise ConfigError("spark: pyspark is not installed (pip install 'offbroadway[spark]')")
+    if config.spark.get("remote"):
+        return [f"Spark Connect at {mask_url(config.spark['remote'])} is not contacted by "
+                f"check: whether it is reachable shows only when the daemon runs"]
+    if find_java() is None:
+        where = (f"JAVA_HOME={os.environ['JAVA_HOME']} has no bin/java"
+                 if os.environ.get("JAVA_HOME") else "no java on PATH and JAVA_HOME is unset")
+        raise ConfigError(f"spark: the local Spark server needs Java 17 or later ({where})")
+    return []
+
+
+def preflight(config: Config) -> list[str]:
+    """Everything ``run`` would refuse at start that can be known without starting it,
+    in the order ``run`` meets it: ``check`` runs this, and so does ``run`` before it
+    creates anything.  Returns notes on what only a running daemon can tell."""
+    _check_dir("runtime.dir", config.runtime.dir)
+    _check_dir("runtime.state_dir", config.runtime.state_dir)
+    notes = check_source(config)
+    check_handler(config)
+    notes += check_spark(config)
+    return notes
 
 
 def check_handler(config: Config) -> None:
@@ -492,3 +626,11 @@ def check_handler(config: Config) -> None:
                           f"{type(exc).__name__}: {exc}") from None
     if not callable(getattr(obj, "handle_message", None)):
         raise ConfigError(f"pipeline.handler: {ref!r} has no handle_message")
+    if isinstance(obj, type):
+        # every stage makes one (offbroadway.stages.stage.load_handler): an __init__ that
+        # raises would crash them all in a restart loop
+        try:
+            obj()
+        except Exception as exc:
+            raise ConfigError(f"pipeline.handler: {ref}() raised {type(exc).__name__}: "
+                              f"{exc}") from None

@@ -83,6 +83,14 @@ class Source(abc.ABC):
         if cls.known_options is not None:
             check_known_options(cls.name or cls.__name__, options, cls.known_options)
 
+    @classmethod
+    def preflight(cls, options: Mapping[str, Any]) -> list[str]:
+        """What ``offbroadway check`` can verify of valid options without acquiring anything:
+        raise :class:`SourceOptionError` for what :meth:`open` would certainly refuse (a
+        spool directory that does not exist), and return notes on what only a live
+        connection can tell (a broker's address), which ``check`` prints as such."""
+        return []
+
     # -- lifecycle ----------------------------------------------------------------------------
     def open(self) -> None:
         """Acquire resources (files, connections).  Called once, before the first fetch."""

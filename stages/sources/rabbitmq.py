@@ -314,6 +314,12 @@ class RabbitMQSource(Source):
         self.oversized = 0
 
     @classmethod
+    def preflight(cls, options: Mapping[str, Any]) -> list[str]:
+        url = mask_url(str(options.get("url", DEFAULT_URL)))
+        return [f"RabbitMQ at {url} is not contacted by check: whether it is reachable, and "
+                f"the stream/queue usable, shows only when the daemon runs"]
+
+    @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> None:
         super().validate_options(options)
         parse_options(options)

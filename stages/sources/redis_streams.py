@@ -176,6 +176,12 @@ class RedisStreamsSource(Source):
         self.oversized = 0
 
     @classmethod
+    def preflight(cls, options: Mapping[str, Any]) -> list[str]:
+        url = mask_url(str(options.get("url", DEFAULT_URL)))
+        return [f"Redis at {url} is not contacted by check: whether it is reachable, and "
+                f"the stream/queue usable, shows only when the daemon runs"]
+
+    @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> None:
         super().validate_options(options)
         n = cls.name

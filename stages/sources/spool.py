@@ -173,6 +173,23 @@ class SpoolSource(Source):
         option_float(cls.name, options, "scan_interval", 1.0)
         option_max_message_bytes(cls.name, options)
 
+    @classmethod
+    def preflight(cls, options: Mapping[str, Any]) -> list[str]:
+        """The directory :meth:`open` reads must exist and be one (relative paths are taken
+        from the working directory, as the producer will)."""
+        path = os.path.abspath(str(options["path"]))
+        if not os.path.exists(path):
+            raise SourceOptionError(f"spool source: option 'path': {path!r} does not exist "
+                                    f"(create the directory the spool files arrive in)", "path")
+        if not os.path.isdir(path):
+            raise SourceOptionError(f"spool source: option 'path': {path!r} is not a "
+                                    f"directory", "path")
+        if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
+            raise SourceOptionError(f"spool source: option 'path': {path!r} is not readable "
+                                    f"and writable by uid {os.getuid()} (finished files are "
+                                    f"moved out of it)", "path")
+        return []
+
     # -- lifecycle ----------------------------------------------------------------------------
     def open(self) -> None:
         if not os.path.isdir(self.path):
