@@ -281,6 +281,14 @@ class Daemon:
             log.warning("drain: %s still had messages in flight at the deadline",
                         sorted(producers - self.settled))
         log.info("drain complete")
+        for p in self.topology.producers:
+            # the books of each source as its producer last reported them (the settled
+            # report when it settled): what an operator checks after a stop
+            src = self.stats.get(p, {}).get("source")
+            if isinstance(src, dict):
+                log.info("%s: source %s fetched %s, acked %s, failed %s, unacked %s", p,
+                         src.get("source"), src.get("fetched"), src.get("acked"),
+                         src.get("failed"), src.get("unacked"))
         self._report_output()
 
     def _report_output(self) -> None:

@@ -6,14 +6,23 @@ only it knows, computed fresh per scrape from the supervision tree and psutil: c
 restarts, RSS and CPU per child.  The directory is wiped when the daemon starts (files of
 a previous run would otherwise be summed in) and a dead child's live gauges are removed
 with ``mark_process_dead``.  The listener binds 127.0.0.1 unless the config says otherwise.
+
+The HTTP server is prometheus-client's WSGI app behind our own accept loop: the library's
+``start_http_server`` runs ``serve_forever``, whose ``shutdown()`` waits out a 0.5 s poll,
+and that was most of a daemon's stop.  Ours waits on the listening socket and a wake-up
+socket together, so :meth:`MetricsServer.shutdown` returns at once.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import selectors
 import shutil
+import socket
+import threading
 from typing import Callable, Iterator
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import psutil
 from offbroadway.stages.metrics import MULTIPROC_ENV
@@ -72,16 +81,62 @@ class TreeCollector:
         yield from (up, restarts, rss, cpu)
 
 
-def serve(listen: str, path: str, pipeline: str, snapshot: Callable[[], dict]) -> object:
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        """Scrapes are not worth a log line each."""
+
+
+class MetricsServer:
+    """A threading WSGI server on its own accept loop, stoppable without a poll timeout."""
+
+    def __init__(self, host: str, port: int, app: Callable) -> None:
+        from prometheus_client.exposition import ThreadingWSGIServer
+
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+
+        class Server(ThreadingWSGIServer):
+            address_family = family
+
+        self.httpd = make_server(host, port, app, Server, handler_class=_QuietHandler)
+        # non-blocking accept: a client gone between select and accept costs nothing
+        self.httpd.socket.setblocking(False)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._thread = threading.Thread(target=self._serve, name="metrics", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.httpd.socket, selectors.EVENT_READ)
+            sel.register(self._wake_r, selectors.EVENT_READ)
+            while True:
+                for key, _ in sel.select():
+                    if key.fileobj is self._wake_r:
+                        return
+                    # accept and hand the connection to a request thread
+                    self.httpd.handle_request()
+
+    def shutdown(self) -> None:
+        """Stop accepting at once; scrapes already accepted finish on their own threads."""
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+        self._thread.join()
+        self.httpd.server_close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+
+def serve(listen: str, path: str, pipeline: str, snapshot: Callable[[], dict]) -> MetricsServer:
     """Start the HTTP listener in a background thread; returns the server (``shutdown()``)."""
-    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client import CollectorRegistry, make_wsgi_app
     from prometheus_client.multiprocess import MultiProcessCollector
 
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=path)
     registry.register(TreeCollector(pipeline, snapshot))
     host, _, port = listen.rpartition(":")
-    server, _thread = start_http_server(int(port), addr=host.strip("[]"), registry=registry)
+    server = MetricsServer(host.strip("[]"), int(port), make_wsgi_app(registry))
     log.info("metrics on http://%s/metrics", listen)
     return server
 

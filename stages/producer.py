@@ -119,6 +119,8 @@ class ProducerStage(Stage):
         if self._acks or self._fails:
             self._settle(self._acks, self._fails)
             self._acks, self._fails = [], []
+            if self.draining:
+                self._report_settled()    # the drain's last ack: say so now, not at a tick
         self.pump()
 
     def _on_return(self, peer: bytes, events: list) -> None:
@@ -308,10 +310,15 @@ class ProducerStage(Stage):
         if idle != self._idle:
             self._idle = idle
             self.report("idle", {"idle": idle})
-        if self.draining and not len(self.inflight) and not self._settled_reported:
+        if self.draining:
+            self._report_settled()
+        self.call_later(0.1 if self.draining else 0.2, self._watch_idle)
+
+    def _report_settled(self) -> None:
+        """Draining and nothing in flight: the daemon may stop the tree (reported once)."""
+        if not len(self.inflight) and not self._settled_reported:
             self._settled_reported = True
             self.report("settled", self.stats())
-        self.call_later(0.1 if self.draining else 0.2, self._watch_idle)
 
     def cmd_shutdown(self) -> None:
         """Terminator, step 2: stop fetching, flush what was fetched, then cancel."""

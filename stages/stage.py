@@ -7,7 +7,12 @@ supervisor heartbeat, periodic stats, counting and dropping malformed frames, lo
 user's handler, and a clean exit on SIGTERM.
 
 Signals: SIGINT is ignored (a terminal's Ctrl-C reaches the whole foreground process group,
-and shutdown is the daemon's to drive); SIGTERM from the supervisor ends the loop.
+and shutdown is the daemon's to drive); SIGTERM from the supervisor ends the loop at once:
+the signal's byte lands on a wake-up socket (``signal.set_wakeup_fd``) that the poller
+watches, so the loop returns from ``poll`` instead of sleeping out its timeout (pyzmq
+retries an interrupted poll after running the Python handler).  The supervisor stops the
+stages one by one in reverse start order, so every poll timeout waited out there would
+add up in the daemon's stop.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import inspect
 import logging
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -177,9 +183,27 @@ class Stage:
     def teardown(self) -> None:
         """Role-specific cleanup on exit."""
 
-    def run(self) -> int:
+    def _install_signals(self) -> None:
+        """SIGTERM ends the loop; its wake-up byte makes the poller return at once."""
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "running", False))
+        rsock, wsock = socket.socketpair()
+        rsock.setblocking(False)
+        wsock.setblocking(False)
+        self._wakeup = (rsock, wsock)      # kept: closing either would break the wake-up
+        signal.set_wakeup_fd(wsock.fileno(), warn_on_full_buffer=False)
+        self.register_fd(rsock.fileno(), self._on_wakeup)
+
+    def _on_wakeup(self) -> None:
+        # the bytes only wake the poller; the Python handler already ran (or runs now)
+        try:
+            while self._wakeup[0].recv(512):
+                pass
+        except BlockingIOError:
+            pass
+
+    def run(self) -> int:
+        self._install_signals()
         self.setup()
         self.report("hello", {"pid": os.getpid()})
         child.notify_ready()
