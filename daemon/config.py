@@ -25,7 +25,7 @@ PROCESSOR_KEY = "default"
 MAX_SOCKET_PATH = 107
 #: the top-level sections a config may have
 SECTIONS = ("pipeline", "producer", "processors", "batchers", "spark", "metrics", "runtime")
-SOURCES = ("generator", "spool", "rabbitmq", "redis")
+SOURCES = ("generator", "spool", "rabbitmq", "redis", "nats")
 DISPATCHERS = ("spread", "demand")
 SPARK_FORMATS = ("parquet", "json", "orc")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -500,12 +500,15 @@ def warnings(config: Config) -> list[str]:
                 out.append(f"batchers.{key}.batch_size: {b.batch_size} rows per Spark write "
                            f"spends most of the time in Spark's fixed per-write cost; "
                            f"1000 or more amortizes it")
-    if config.producer.source == "rabbitmq":
-        prefetch = config.producer.options.get("prefetch_count", "auto")
+    window_option = {"rabbitmq": "prefetch_count", "nats": "prefetch"}.get(
+        config.producer.source)
+    if window_option:
+        prefetch = config.producer.options.get(window_option, "auto")
         need = proc.concurrency * proc.max_demand
-        if isinstance(prefetch, int) and prefetch * config.producer.concurrency < need:
+        if isinstance(prefetch, int) and not isinstance(prefetch, bool) \
+                and prefetch * config.producer.concurrency < need:
             out.append(
-                f"producer.options.prefetch_count: {prefetch} per producer is below "
+                f"producer.options.{window_option}: {prefetch} per producer is below "
                 f"processors x max_demand ({need}): processors will starve waiting for "
                 f"deliveries; use 'auto' or at least {need // config.producer.concurrency + 1}")
     return out

@@ -41,6 +41,8 @@ SPARK_ARGV = (sys.executable, "-m", "offbroadway.stages.spark_server")
 SPARK_TOKEN_ENV = "OFFBROADWAY_SPARK_TOKEN"
 PROCESSOR_KEY = "default"
 AMQP_MAX_PREFETCH = 65535   # basic.qos prefetch_count is a 16-bit field
+#: sources whose window of unsettled messages is sized by :func:`auto_prefetch`
+PREFETCH_SOURCES = ("rabbitmq", "nats")
 
 
 @dataclass
@@ -116,7 +118,7 @@ def build(config: Any, *, stage_env: Callable[[str], dict[str, str]] | None = No
 
     batcher_keys = tuple(config.batchers)
     source_options = dict(config.producer.options)
-    if config.producer.source == "rabbitmq":
+    if config.producer.source in PREFETCH_SOURCES:
         source_options["auto_prefetch"] = auto_prefetch(config)
     n_producers = config.producer.concurrency
     topo.producers = [f"producer_{i}" for i in range(n_producers)]

@@ -24,6 +24,7 @@ _REGISTRY: dict[str, str] = {
     "spool": ".spool:SpoolSource",
     "rabbitmq": ".rabbitmq:RabbitMQSource",
     "redis": ".redis_streams:RedisStreamsSource",
+    "nats": ".nats:NatsSource",
 }
 
 
@@ -60,7 +61,8 @@ def get_source(name: str) -> type[Source]:
         else:
             module = importlib.import_module(module_name)
     except ImportError as exc:
-        hint = " (install offbroadway[brokers])" if name in ("rabbitmq", "redis") else ""
+        hint = " (install offbroadway[brokers])" if name in ("rabbitmq", "redis", "nats") \
+            else ""
         raise ImportError(f"source {name!r} cannot be loaded: {exc}{hint}") from exc
     cls = getattr(module, class_name, None)
     if not (isinstance(cls, type) and issubclass(cls, Source)):

@@ -268,3 +268,26 @@ class TcpProxy:
             for s in (a, b):
                 with contextlib.suppress(OSError):
                     s.close()
+
+
+@pytest.fixture
+def jet() -> Iterator[Any]:
+    """The machine's NATS JetStream server (4222); streams made through it are deleted."""
+    from tests.brokers.natsutil import Jet
+
+    j = Jet()
+    yield j
+    j.cleanup()
+
+
+@pytest.fixture
+def own_nats(tmp_path: Any) -> Iterator[Any]:
+    """A nats-server of this test's own (free port, store under tmp_path) that the test
+    may kill and restart; the shared server is never touched."""
+    from tests.brokers.natsutil import NatsServer
+
+    store = tmp_path / "nats-store"
+    store.mkdir()
+    server = NatsServer(store)
+    yield server
+    server.stop()

@@ -110,3 +110,18 @@ def test_source_options_are_checked_by_the_source() -> None:
     config = validate(with_("producer.options", {"path": "var/spool", "patern": "*.x"})).config
     with pytest.raises(ConfigError, match=r"^producer\.options\.patern"):
         check_source(config)
+
+
+def test_nats_gets_the_auto_prefetch_and_the_starvation_warning() -> None:
+    from offbroadway.daemon.topology import auto_prefetch, build
+    from offbroadway.stages.spec import StageSpec
+
+    raw = with_("producer.source", "nats")
+    raw["producer"]["options"] = {"stream": "orders"}
+    config = validate(raw).config
+    producer = build(config).root.children[0].children[0]
+    spec = StageSpec.from_env(producer.env())
+    assert spec.source_options["auto_prefetch"] == auto_prefetch(config) > 1000
+    raw["producer"]["options"] = {"stream": "orders", "prefetch": 5}
+    warnings = validate(raw).warnings
+    assert any("producer.options.prefetch:" in w and "starve" in w for w in warnings)
