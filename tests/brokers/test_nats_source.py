@@ -9,6 +9,9 @@ from collections import Counter
 from typing import Any
 
 import pytest
+
+pytest.importorskip("nats", reason="the brokers extra (nats-py) is not installed")
+
 from offbroadway.stages.sources.base import SourceOptionError
 from offbroadway.stages.sources.nats import NatsSource
 from offbroadway.stages.sources.nats.connection import DEAD_LETTER_HEADER
