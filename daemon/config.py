@@ -251,6 +251,16 @@ def _name_check(v: str) -> str | None:
     return None if _NAME.match(v) else "must be 1-64 letters, digits, '_', '.', '-'"
 
 
+def _source_check(v: str) -> str | None:
+    """A built-in source's name, or ``package.module:ClassName`` for one of your own (it
+    is imported and checked by :func:`check_source`, not here: validation imports no user
+    code)."""
+    if v in SOURCES or _HANDLER.match(v):
+        return None
+    return (f"must be one of {', '.join(SOURCES)}, or 'package.module:ClassName' for your "
+            f"own source")
+
+
 def _handler_check(v: str) -> str | None:
     return None if _HANDLER.match(v) else "must be 'package.module:ClassName'"
 
@@ -281,7 +291,7 @@ def _pipeline(t: _Table, max_crashes: int) -> PipelineConfig:
 
 def _producer(t: _Table) -> ProducerConfig:
     out = ProducerConfig(
-        source=t.get("source", str, required=True, check=_one_of(SOURCES)),
+        source=t.get("source", str, required=True, check=_source_check),
         concurrency=t.get("concurrency", int, 1, check=_positive),
         options=t.get("options", dict, {}),
         dispatcher=t.get("dispatcher", str, "spread", check=_one_of(DISPATCHERS)),
@@ -529,19 +539,46 @@ def check_source(config: Config) -> list[str]:
 
     Returns the source's notes on what only a live connection can tell.
     """
-    from offbroadway.stages.sources import get_source
+    from offbroadway.stages.sources import UnknownSourceError, get_source
     from offbroadway.stages.sources.base import SourceOptionError
 
+    name = config.producer.source
     try:
-        cls = get_source(config.producer.source)
+        cls = get_source(name)
+    except (ImportError, UnknownSourceError) as exc:
+        raise ConfigError(f"producer.source: {exc}") from None
+    try:
         cls.validate_options(config.producer.options)
+        if name not in SOURCES:
+            _construct_source(cls, config)
         return list(cls.preflight(config.producer.options))
+    except ConfigError:
+        raise
     except ValueError as exc:   # SourceOptionError names the option; others may not
         option = exc.option if isinstance(exc, SourceOptionError) else None
         key = f"producer.options.{option}" if option else "producer.options"
         raise ConfigError(f"{key}: {exc}") from None
     except ImportError as exc:
         raise ConfigError(f"producer.source: {exc}") from None
+    except Exception as exc:    # a user's source whose checks themselves fail
+        raise ConfigError(f"producer.source: checking the options of {name} raised "
+                          f"{type(exc).__name__}: {exc}") from None
+
+
+def _construct_source(cls: type, config: Config) -> None:
+    """Build one instance of a user's source the way a producer does (the Source API says a
+    constructor only validates and stores), so a constructor that cannot be called with the
+    producer's arguments, or that raises, is found by ``check``, not by a crash loop."""
+    from offbroadway.stages.sources.base import SourceOptionError
+
+    try:
+        cls(dict(config.producer.options), pipeline=config.pipeline.name, producer_index=0,
+            producer_count=config.producer.concurrency, state_dir=config.runtime.state_dir)
+    except SourceOptionError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"producer.source: {config.producer.source}(options, ...) raised "
+                          f"{type(exc).__name__}: {exc}") from None
 
 
 def _check_dir(key: str, path: str) -> None:

@@ -15,8 +15,8 @@ import importlib
 
 from .base import Failure, Item, Source, SourceOptionError
 
-__all__ = ["Failure", "Item", "Source", "SourceOptionError", "UnknownSourceError", "get_source",
-           "known_sources"]
+__all__ = ["REQUIRED_METHODS", "Failure", "Item", "Source", "SourceOptionError",
+           "UnknownSourceError", "get_source", "known_sources", "missing_methods"]
 
 # name → "module (relative to this package):ClassName"
 _REGISTRY: dict[str, str] = {
@@ -64,8 +64,31 @@ def get_source(name: str) -> type[Source]:
         hint = " (install offbroadway[brokers])" if name in ("rabbitmq", "redis", "nats") \
             else ""
         raise ImportError(f"source {name!r} cannot be loaded: {exc}{hint}") from exc
+    except Exception as exc:    # a user's module that fails while it is imported
+        raise ImportError(f"source {name!r} cannot be loaded: importing {module_name} "
+                          f"raised {type(exc).__name__}: {exc}") from exc
     cls = getattr(module, class_name, None)
+    if cls is None:
+        raise UnknownSourceError(f"source {name!r}: module {module_name} has no "
+                                 f"{class_name!r}")
     if not (isinstance(cls, type) and issubclass(cls, Source)):
         raise UnknownSourceError(f"source {name!r}: {module_name}:{class_name} is not a "
                                  f"subclass of offbroadway.stages.sources.base.Source")
+    missing = missing_methods(cls)
+    if missing:
+        raise UnknownSourceError(
+            f"source {name!r}: {module_name}:{class_name} does not implement "
+            f"{', '.join(missing)} (a source implements {', '.join(REQUIRED_METHODS)}; see "
+            f"docs/sources.md, 'Your own source')")
     return cls
+
+
+#: what a source must implement itself (the rest of :class:`Source` has working defaults)
+REQUIRED_METHODS = ("fetch", "ack", "fail", "requeue", "exhausted")
+
+
+def missing_methods(cls: type[Source]) -> list[str]:
+    """The required methods ``cls`` leaves abstract or replaces with a non-callable."""
+    return [m for m in REQUIRED_METHODS
+            if m in getattr(cls, "__abstractmethods__", ()) or not callable(getattr(cls, m,
+                                                                                   None))]
