@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from offbroadway.stages.spec import STAGE_ENV, StageSpec
+from offbroadway.supervision.child import GUARD_SIGNAL
 from offbroadway.supervision.spec import (
     INFINITY,
     Restart,
@@ -114,7 +115,9 @@ def build(config: Any, *, stage_env: Callable[[str], dict[str, str]] | None = No
 
         return WorkerSpec(id=spec.id, argv=WORKER_ARGV, env=env, restart=Restart.PERMANENT,
                           shutdown=shutdown, heartbeat_timeout=heartbeat or None,
-                          memory_limit=memory, meta={"role": spec.role})
+                          memory_limit=memory, meta={"role": spec.role},
+                          # a handler's own subprocesses die with the daemon too
+                          pdeathsig=GUARD_SIGNAL)
 
     batcher_keys = tuple(config.batchers)
     source_options = dict(config.producer.options)

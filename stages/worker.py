@@ -10,6 +10,8 @@ import gc
 import os
 import sys
 
+from offbroadway.supervision.child import guard_descendants, kill_descendants
+
 from . import logs
 from .spec import StageSpec
 
@@ -25,6 +27,8 @@ def _roles() -> dict:
 
 
 def main() -> int:
+    # before any user code can start a process: its processes die with the daemon
+    guard_descendants()
     spec = StageSpec.from_env()
     logs.configure(os.environ.get(logs.LEVEL_ENV, "info"),
                    os.environ.get(logs.FORMAT_ENV, "text"), spec.id)
@@ -32,7 +36,12 @@ def main() -> int:
     # Everything imported and built so far lives as long as the process: keep it out of
     # the collector's generations, which otherwise rescan it on the hot path.
     gc.freeze()
-    return stage.run()
+    try:
+        return stage.run()
+    finally:
+        # what the handler started goes with the stage (the daemon kills our process
+        # group when we exit; this reaches the ones that left it)
+        kill_descendants()
 
 
 if __name__ == "__main__":

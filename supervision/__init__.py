@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "Supervisor": "supervisor", "ChildInfo": "supervisor",
     "ChildStarted": "events", "ChildExited": "events", "SupervisorGaveUp": "events",
-    "StartError": "errors", "SupervisionError": "errors",
+    "StartError": "errors", "SupervisionError": "errors", "SpecError": "errors",
     "WorkerSpec": "spec", "SupervisorSpec": "spec", "ChildSpec": "spec", "Restart": "spec",
     "Strategy": "spec", "Shutdown": "spec", "BRUTAL_KILL": "spec", "INFINITY": "spec",
     "RestartIntensity": "intensity", "ExitStatus": "process", "Worker": "worker",
@@ -21,13 +21,13 @@ _EXPORTS = {
 
 __all__ = [
     "BRUTAL_KILL", "INFINITY", "ChildExited", "ChildInfo", "ChildSpec", "ChildStarted",
-    "ExitStatus", "Restart", "RestartIntensity", "Shutdown", "StartError", "Strategy",
+    "ExitStatus", "Restart", "RestartIntensity", "Shutdown", "SpecError", "StartError", "Strategy",
     "SupervisionError", "Supervisor", "SupervisorGaveUp", "SupervisorSpec", "Worker",
     "WorkerSpec",
 ]
 
 if TYPE_CHECKING:
-    from .errors import StartError, SupervisionError
+    from .errors import SpecError, StartError, SupervisionError
     from .events import ChildExited, ChildStarted, SupervisorGaveUp
     from .intensity import RestartIntensity
     from .process import ExitStatus

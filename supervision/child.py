@@ -9,9 +9,15 @@ program runs by hand.
 from __future__ import annotations
 
 import os
+import signal
 
 NOTIFY_FD_ENV = "OFFBROADWAY_NOTIFY_FD"
 SUPERVISOR_PID_ENV = "OFFBROADWAY_SUPERVISOR_PID"
+
+#: The PDEATHSIG of a child that guards its descendants (``WorkerSpec.pdeathsig``): a
+#: real-time signal nobody else sends, whose default action (before the handler is
+#: installed) still ends the process.
+GUARD_SIGNAL = int(signal.SIGRTMIN) + 3
 
 _fd: int | None = None
 _looked = False
@@ -64,3 +70,77 @@ def notify_ready() -> None:
 def heartbeat() -> None:
     """The child's loop is alive; the supervisor's watchdog resets its timer."""
     _send(b"H")
+
+
+def guard_descendants() -> None:
+    """Take this process's own children (and theirs) along when the supervisor dies.
+
+    PR_SET_PDEATHSIG reaches only the process the supervisor forked: what a user's handler
+    starts (a subprocess, a JVM) would be orphaned to init when the daemon is SIGKILLed.
+    Call this first thing in a child whose spec has ``pdeathsig=GUARD_SIGNAL``: the kernel
+    sends that signal when the supervisor dies, and the handler SIGKILLs every descendant
+    (found through /proc, so ones that left the process group are found while their parent
+    lives) and then the whole process group, this process included.  A no-op outside a
+    supervisor.  Python runs the handler between bytecodes of the main thread, so a callback
+    stuck in C code that retries EINTR delays it until the call returns.
+    """
+    if _notify_fd() is None:
+        return
+    signal.signal(GUARD_SIGNAL, _supervisor_died)
+    expected = os.environ.get(SUPERVISOR_PID_ENV)
+    if expected and os.getppid() != int(expected):
+        _supervisor_died(GUARD_SIGNAL, None)   # it died before the handler was in place
+
+
+def _descendants(root: int) -> list[int]:
+    """Every live descendant of ``root``, children first, from one pass over /proc."""
+    children: dict[int, list[int]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # pid (comm) state ppid …; comm may hold spaces and parentheses: split after the last ')'
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(name))
+    out: list[int] = []
+    todo = [root]
+    while todo:
+        for kid in children.get(todo.pop(), ()):
+            out.append(kid)
+            todo.append(kid)
+    return out
+
+
+def kill_descendants() -> int:
+    """SIGKILL every descendant of this process; how many there were.
+
+    A guarded child calls it on its way out too: the supervisor SIGKILLs the process group
+    of a child that exited, but a descendant that left the group (``setsid``) would be
+    orphaned to init once its parent is gone."""
+    pids = _descendants(os.getpid())
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return len(pids)
+
+
+def _supervisor_died(signum: int, frame: object) -> None:
+    me = os.getpid()
+    kill_descendants()
+    try:
+        if os.getpgid(0) == me:
+            os.killpg(me, signal.SIGKILL)   # what forked meanwhile, and us
+    except OSError:
+        pass
+    os.kill(me, signal.SIGKILL)

@@ -7,6 +7,11 @@ class SupervisionError(Exception):
     """An operation a supervisor refuses, named as OTP names it (``not_found``, ``running``…)."""
 
 
+class SpecError(SupervisionError, ValueError):
+    """A child spec or supervisor flag OTP would refuse (``{error, {invalid_..., _}}``):
+    raised when the spec is built, so nothing has started yet."""
+
+
 class StartError(SupervisionError):
     """A child did not start; the supervisor stopped the children it had started (as OTP).
 

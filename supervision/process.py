@@ -114,7 +114,7 @@ class OSProcess:
             raise StartFailed(f"cannot build argv/env: {exc!r}") from exc
         rfd, wfd = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         try:
-            self._popen = spawn(argv, env, spec.cwd, wfd)
+            self._popen = spawn(argv, env, spec.cwd, wfd, spec.pdeathsig)
         except (OSError, subprocess.SubprocessError) as exc:
             os.close(rfd)
             raise StartFailed(f"cannot execute {argv[:1]}: {exc}") from exc

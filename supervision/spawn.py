@@ -2,8 +2,10 @@
 
 What the child gets before its program runs:
 
-* ``PR_SET_PDEATHSIG = SIGKILL``: the kernel kills the child when the thread that forked
-  it dies, even when the daemon itself is SIGKILLed and runs no clean-up.
+* ``PR_SET_PDEATHSIG = SIGKILL`` (or the spec's ``pdeathsig``): the kernel kills the child
+  when the thread that forked it dies, even when the daemon itself is SIGKILLed and runs no
+  clean-up.  A child whose own children must go too asks for a catchable signal and calls
+  :func:`.child.guard_descendants` (the stages do).
 * its own process group (``process_group=0``): a terminal's Ctrl-C goes to the foreground
   group only, so the daemon alone decides how and when children stop; and the group lets
   a SIGKILL reach whatever the child forked.
@@ -50,11 +52,11 @@ _SIGKILL = int(signal.SIGKILL)
 _setpriv: str | bool | None = False  # False: not looked for yet
 
 
-def _die_with(parent: int) -> Callable[[], None]:
+def _die_with(parent: int, sig: int = _SIGKILL) -> Callable[[], None]:
     """The ``preexec_fn``: built in the parent so the child only calls, never imports."""
 
     def setup() -> None:
-        if _prctl(PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0) != 0:
+        if _prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
         if os.getppid() != parent:  # the parent died before the prctl took effect
@@ -102,9 +104,19 @@ def _resolve(program: str, path: str, cwd: str | None) -> str:
     return hit
 
 
+def signal_name(sig: int) -> str:
+    """``sig`` as setpriv spells it (``KILL``, ``USR2``, ``RTMIN+3``)."""
+    rtmin = int(signal.SIGRTMIN)
+    if rtmin <= sig <= int(signal.SIGRTMAX):
+        return f"RTMIN+{sig - rtmin}"
+    return signal.Signals(sig).name.removeprefix("SIG")
+
+
 def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None,
-          notify_fd: int) -> subprocess.Popen:
+          notify_fd: int, pdeathsig: int = _SIGKILL) -> subprocess.Popen:
     """Start ``argv`` with ``env`` added to ours; raises OSError if it cannot be executed.
+
+    ``pdeathsig`` is what the child gets when we die (see :attr:`.spec.WorkerSpec.pdeathsig`).
 
     stdin is /dev/null (a daemon's children must not read the terminal); stdout and
     stderr are inherited, so children log where the daemon logs (the journal).
@@ -120,9 +132,10 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None,
         setpriv = find_setpriv()
         if setpriv is not None:
             return subprocess.Popen(
-                [setpriv, "--pdeathsig", "KILL", "--", program, *argv[1:]], env=full_env,
+                [setpriv, "--pdeathsig", signal_name(pdeathsig), "--", program, *argv[1:]],
+                env=full_env,
                 cwd=cwd, stdin=subprocess.DEVNULL, pass_fds=(notify_fd,), process_group=0)
     return subprocess.Popen(
         argv, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL, pass_fds=(notify_fd,),
         process_group=0,
-        preexec_fn=_die_with(os.getpid()))
+        preexec_fn=_die_with(os.getpid(), pdeathsig))

@@ -21,7 +21,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar, Union
 
-from .errors import StartError, SupervisionError
+from .errors import SpecError, StartError, SupervisionError
 from .events import SupervisorGaveUp
 from .intensity import RestartIntensity
 from .spec import (
@@ -65,9 +65,8 @@ class Supervisor:
 
     def __init__(self, spec: SupervisorSpec, on_event: EventHandler | None = None, *,
                  parent: Supervisor | None = None) -> None:
-        ids = [c.id for c in spec.children]
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"supervisor {spec.id}: duplicate child ids in {ids}")
+        if not isinstance(spec, SupervisorSpec):
+            raise SpecError(f"not a SupervisorSpec: {spec!r}")
         self.spec = spec
         self.parent = parent
         self._on_event = on_event
@@ -77,6 +76,7 @@ class Supervisor:
         self._up = False  # between start() and the end of a stop, a give-up or a failed start
         self._started_once = False
         self._generation = 0
+        self._retries = 0  # try_again tasks queued (OTP's try_again_restart messages)
         self._intensity = RestartIntensity(spec.max_restarts, spec.max_seconds)
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -175,6 +175,7 @@ class Supervisor:
         self._started_once = True
         self._generation += 1
         self._stopping = None
+        self._retries = 0
         self._intensity = RestartIntensity(self.spec.max_restarts, self.spec.max_seconds)
         self._build_children()
         self.state = "starting"
@@ -295,36 +296,59 @@ class Supervisor:
 
     async def _restart(self, failed: Node, reason: str, *, counted: bool,
                        strategy: Strategy | None = None) -> None:
-        """Carry out the strategy's plan; a child that fails to start counts as another
-        restart and the plan is tried again from it (OTP's ``try_again``)."""
+        """Carry out the strategy's plan (the caller holds the lock).
+
+        A child that fails to start counts as another restart, and the plan is tried again
+        from it as OTP's ``try_again_restart`` does: as a new task queued on the lock, so
+        the API (``terminate_child``, ``which_children``, an operator's restart…) and other
+        exits are served between attempts, as OTP serves calls from its mailbox between
+        them.  Until then the children still to start show ``restarting``.
+        """
         strategy = strategy or self.spec.strategy
-        while True:
-            if counted and not self._intensity.add(time.monotonic()):
-                await self._give_up(reason)
+        if counted and not self._intensity.add(time.monotonic()):
+            await self._give_up(reason)
+            return
+        views = [ChildView(c.id, c.alive, c.spec.restart) for c in self.children]
+        plan = plan_restart(strategy, views, failed.id)
+        log.info("supervisor %s (%s): %s; restarting %s", self.id, strategy.value, reason,
+                 ", ".join(plan.start))
+        self.state = "restarting"
+        for cid in plan.terminate:
+            await self._terminate_node(self._child(cid), final_state="restarting")
+        for cid in plan.delete:
+            self.children.remove(self._child(cid))
+        starting = [self._child(cid) for cid in plan.start]
+        for node in starting:
+            node.state = "restarting"
+        for i, node in enumerate(starting):
+            try:
+                await node.start()
+            except StartError as exc:
+                for later in starting[i:]:
+                    later.state = "restarting"
+                self._retries += 1
+                self._spawn(self._try_again(node, str(exc), strategy, self._generation))
                 return
-            views = [ChildView(c.id, c.alive, c.spec.restart) for c in self.children]
-            plan = plan_restart(strategy, views, failed.id)
-            log.info("supervisor %s (%s): %s; restarting %s", self.id, strategy.value, reason,
-                     ", ".join(plan.start))
-            self.state = "restarting"
-            for cid in plan.terminate:
-                await self._terminate_node(self._child(cid), final_state="restarting")
-            for cid in plan.delete:
-                self.children.remove(self._child(cid))
-            starting = [self._child(cid) for cid in plan.start]
-            for node in starting:
-                node.state = "restarting"
-            failed_now: Node | None = None
-            for node in starting:
-                try:
-                    await node.start()
-                except StartError as exc:
-                    failed_now, reason, counted = node, str(exc), True
-                    break
-            if failed_now is None:
+        self.state = "running"
+
+    async def _try_again(self, node: Node, reason: str, strategy: Strategy,
+                         generation: int) -> None:
+        """OTP's ``try_again_restart``: dropped if, meanwhile, the child was started,
+        terminated or deleted by someone else (or the supervisor stopped)."""
+        async with self._lock:
+            self._retries -= 1
+            if generation != self._generation or self.state not in ("running", "restarting"):
+                return
+            if node in self.children and not node.alive and node.state == "restarting":
+                await self._restart(node, reason, counted=True, strategy=strategy)
+                return
+            if not self._retries:
+                # the children of the abandoned plan stay down, as OTP leaves them
+                # (``undefined``) until a restart_child
+                for child in self.children:
+                    if child.state == "restarting" and not child.alive:
+                        child.state = "terminated"
                 self.state = "running"
-                return
-            failed = failed_now
 
     async def _give_up(self, reason: str) -> None:
         why = f"{self.id} gave up: {self._intensity.describe()}; last: {reason}"
@@ -370,7 +394,7 @@ class Supervisor:
 
     async def _operator_restart(self, node: Node | None) -> None:
         async with self._lock:
-            if self.state != "running":
+            if self.state not in ("running", "restarting"):
                 raise SupervisionError(f"supervisor {self.id} is {self.state}")
             if node is None:
                 if not self.children:
@@ -392,13 +416,17 @@ class Supervisor:
 
     def which_children(self) -> list[ChildInfo]:
         """Direct children in start order (OTP lists them newest first; start order reads
-        better and is what a status display wants)."""
+        better and is what a status display wants).  A child between restart attempts is
+        ``restarting`` with no pid, as OTP's ``restarting``; one whose start is under way is
+        ``starting`` with its pid (OTP cannot answer during a start; we can)."""
         return [ChildInfo(n.id, n.pid, n.kind, n.state) for n in self.children]
 
     def count_children(self) -> dict[str, int]:
-        """OTP's ``count_children``: specs, active (running), supervisors, workers."""
+        """OTP's ``count_children``: specs, active, supervisors, workers.  ``active`` counts
+        started children (a process still starting has not returned from OTP's
+        ``start_link`` yet, and one being restarted is ``restarting`` there)."""
         return {"specs": len(self.children),
-                "active": sum(1 for n in self.children if n.alive),
+                "active": sum(1 for n in self.children if n.alive and n.state != "starting"),
                 "supervisors": sum(1 for n in self.children if n.kind == "supervisor"),
                 "workers": sum(1 for n in self.children if n.kind == "worker")}
 
@@ -421,20 +449,27 @@ class Supervisor:
     async def _restart_child(self, child_id: str) -> None:
         async with self._lock:
             node = self._child(child_id)
-            if node.alive:
-                raise SupervisionError(f"running: {child_id} is running")
+            self._refuse_if_busy(node)
             log.info("supervisor %s: restart_child %s", self.id, child_id)
             try:
                 await node.start()
             except StartError as exc:
                 raise exc.within(self.id) from None
 
+    @staticmethod
+    def _refuse_if_busy(node: Node) -> None:
+        """OTP's ``{error, running}`` and ``{error, restarting}`` (a retry is pending)."""
+        if node.alive:
+            raise SupervisionError(f"running: {node.id} is running")
+        if node.state == "restarting":
+            raise SupervisionError(f"restarting: {node.id} is being restarted; "
+                                   f"terminate_child stops the retries")
+
     async def delete_child(self, child_id: str) -> None:
         """Forget a direct child that is not running."""
         async with self._lock:
             node = self._child(child_id)
-            if node.alive:
-                raise SupervisionError(f"running: {child_id} is running")
+            self._refuse_if_busy(node)
             self.children.remove(node)
             log.info("supervisor %s: delete_child %s", self.id, child_id)
 
@@ -445,7 +480,7 @@ class Supervisor:
 
     async def _start_child(self, spec: ChildSpec) -> Node:
         async with self._lock:
-            if self.state != "running":
+            if self.state not in ("running", "restarting"):
                 raise SupervisionError(f"supervisor {self.id} is {self.state}")
             for node in self.children:
                 if node.id == spec.id:

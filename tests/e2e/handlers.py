@@ -81,3 +81,24 @@ class CrashesProcess(Recorder):
 class CrashesAtStart(Recorder):
     def __init__(self) -> None:
         raise SystemExit(4)
+
+
+class SpawnsSubprocesses(Recorder):
+    """Starts ``sleep`` subprocesses from handle_message, as a handler shelling out might:
+    one in the stage's process group, one in a session of its own.  Their pids go to
+    ``children-<stage pid>.json`` once, so a test can look for them after the daemon dies."""
+
+    started = False
+
+    def handle_message(self, processor: str, message: Message, context) -> Message:
+        if not self.started:
+            import subprocess
+
+            type(self).started = True
+            pids = [subprocess.Popen(["sleep", "600"]).pid,
+                    subprocess.Popen(["sleep", "600"], start_new_session=True).pid]
+            path = os.path.join(context["out"], f"children-{os.getpid()}.json")
+            with open(path + ".tmp", "w") as f:
+                json.dump(pids, f)
+            os.rename(path + ".tmp", path)
+        return super().handle_message(processor, message, context)
