@@ -29,7 +29,6 @@ import stat
 import time
 from typing import Any
 
-import psutil
 from offbroadway.stages import blame as blame_mod
 from offbroadway.stages import logs
 from offbroadway.supervision import SupervisionError, Supervisor
@@ -83,6 +82,11 @@ class Daemon:
         self._restarting: set[str] = set()
         self._housekeeping_task: asyncio.Future | None = None
         self.started_at = time.time()
+        #: SIGINT/SIGTERM/stop requests so far: the first drains, the third stops at once
+        self._stop_requests = 0
+        self._abort = False
+        #: "pipeline is up" is said once every producer's source is connected
+        self._announced_up = False
 
     # -- wiring -----------------------------------------------------------------------------
     def _build(self) -> None:
@@ -210,12 +214,9 @@ class Daemon:
                                            self.handle_control)
         try:
             self.notifier.status(f"starting pipeline {name}")
-            try:
-                await self.root.start()
-            except Exception as exc:
-                log.error("pipeline %s failed to start: %s", name, exc)
-                return 1
-            log.info("pipeline %s is up: %d stages", name, len(self.topology.stages))
+            if not await self._start_unless_stopped():
+                return 0 if self._stop.is_set() else 1
+            self._announce_up()
             self.notifier.ready(f"pipeline {name} running")
             self._housekeeping_task = asyncio.ensure_future(self._housekeeping())
             waits = {asyncio.ensure_future(self._stop.wait()): "stop",
@@ -245,7 +246,70 @@ class Daemon:
                 self.metrics_server.shutdown()
             self.control.close()
             self.hub.close()
+            self._remove_sockets()
             log.info("pipeline %s stopped", name)
+
+    async def _start_unless_stopped(self) -> bool:
+        """Start the tree; a stop asked for meanwhile (a Spark server takes seconds to come
+        up) stops what has started instead of first bringing the whole pipeline up."""
+        name = self.config.pipeline.name
+        start = asyncio.ensure_future(self.root.start())
+        stop = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait({start, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if not start.done():
+            log.info("pipeline %s: stop requested while starting; stopping what has started",
+                     name)
+            await self.root.stop()       # cancels the start
+            await asyncio.gather(start, return_exceptions=True)
+            return False
+        stop.cancel()
+        try:
+            start.result()
+        except Exception as exc:
+            if self._stop.is_set():
+                return False
+            log.error("pipeline %s failed to start: %s", name, exc)
+            return False
+        return True
+
+    def _sources_down(self) -> list[str]:
+        """``producer_i: state (last error)`` for each source that is not connected."""
+        out = []
+        for p in self.topology.producers:
+            stats = self.stats.get(p)
+            if stats is None or stats.get("source_connected", 1):
+                continue
+            src = stats.get("source") or {}
+            err = src.get("last_error")
+            out.append(f"{p}: {src.get('state', 'not connected')}" + (f" ({err})" if err else ""))
+        return out
+
+    def _announce_up(self) -> None:
+        """Say the pipeline is up only once its sources are connected; until then, say what
+        it waits for (the sources log each retry themselves)."""
+        if self._announced_up or self.draining:
+            return
+        name = self.config.pipeline.name
+        reported = all(p in self.stats for p in self.topology.producers)
+        down = self._sources_down()
+        if reported and not down:
+            self._announced_up = True
+            log.info("pipeline %s is up: %d stages", name, len(self.topology.stages))
+        elif down and not getattr(self, "_said_waiting", False):
+            self._said_waiting = True
+            log.warning("pipeline %s: %d stages started, not up: waiting for its source "
+                        "(%s)", name, len(self.topology.stages), "; ".join(down))
+
+    def _remove_sockets(self) -> None:
+        """A clean exit leaves no socket behind (every stage is stopped by now)."""
+        from .config import socket_paths
+
+        for path in socket_paths(self.config):
+            try:
+                if stat.S_ISSOCK(os.lstat(path).st_mode):
+                    os.unlink(path)
+            except OSError:
+                pass
 
     async def _housekeeping(self) -> None:
         """Once a second: systemd's watchdog ping and the tree copy /metrics reads."""
@@ -253,12 +317,27 @@ class Daemon:
         while True:
             self._tree = self.root.snapshot()
             self.notifier.watchdog()
+            self._announce_up()
             await asyncio.sleep(interval)
 
     def request_stop(self, why: str = "stop") -> None:
-        if not self._stop.is_set():
+        """First request: drain.  Second: say what is going on and how to cut it short.
+        Third: stop now, without waiting for what is in flight (it stays unacked at the
+        source and is delivered again)."""
+        self._stop_requests += 1
+        n = self._stop_requests
+        if n == 1:
             log.info("%s received: draining", why)
             self._stop.set()
+        elif n == 2:
+            log.warning("%s received again: already stopping (draining finishes what is in "
+                        "flight, up to shutdown_timeout %gs); once more stops at once",
+                        why, self.config.pipeline.shutdown_timeout)
+        elif not self._abort:
+            log.warning("%s received a third time: stopping now; messages in flight stay "
+                        "unacked at the source and are delivered again", why)
+            self._abort = True
+            self._progress.set()
 
     # -- the terminator ---------------------------------------------------------------------
     async def drain(self) -> None:
@@ -304,10 +383,23 @@ class Daemon:
                 rows = self.totals.sum(stages, "out")
                 print(f"{name}: wrote {rows} rows to {spark['output']}/{key} ({spark['format']})",
                       flush=True)
-        print(f"{name}: {acked} messages acked, {failed} failed", flush=True)
+        where = self._failed_to() if failed else ""
+        print(f"{name}: {acked} messages acked, {failed} failed"
+              + (f" (failed messages: {where})" if where else ""), flush=True)
+
+    def _failed_to(self) -> str:
+        """Where the source puts failed messages, as its producers report it."""
+        places = []
+        for p in self.topology.producers:
+            where = (self.stats.get(p, {}).get("source") or {}).get("failed_to")
+            if where and where not in places:
+                places.append(where)
+        return "; ".join(places)
 
     async def _wait_for(self, predicate, deadline: float) -> bool:
         while not predicate():
+            if self._abort:
+                return False
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
@@ -325,11 +417,13 @@ class Daemon:
             return {"ok": True, "status": self.status()}
         if cmd == "stop":
             self.request_stop("offbroadway stop")
-            return {"ok": True}
+            return {"ok": True, "pid": os.getpid()}
         if cmd == "restart":
             child_id = str(req.get("child", ""))
             if self.root.find(child_id) is None and child_id != "terminator":
-                return {"ok": False, "error": f"no child with id {child_id!r}"}
+                ids = [n["id"] for n in _walk(self.root.snapshot())][1:]
+                return {"ok": False, "error": f"no child with id {child_id!r}; children: "
+                        f"{', '.join(ids)}"}
             if child_id == "terminator":
                 return {"ok": False,
                         "error": "terminator runs inside the daemon; nothing to restart"}
@@ -339,17 +433,26 @@ class Daemon:
                 return {"ok": False, "error": f"cannot restart {child_id}: {exc}"}
             return {"ok": True}
         if cmd == "drain":
+            if self.paused:
+                return {"ok": True, "message": "already drained: nothing is fetched until "
+                        "resume"}
             self.paused = True
+            log.info("drain requested: producers stop fetching, what is in flight finishes; "
+                     "resume to fetch again")
             for p in self.topology.producers:
                 self.hub.command(p, "pause")
             for b in self.topology.batchers:
                 self.hub.command(b, "flush")
-            return {"ok": True}
+            return {"ok": True, "message": "draining: nothing new is fetched until resume"}
         if cmd == "resume":
+            if not self.paused:
+                return {"ok": True, "message": "nothing to resume: the pipeline was not "
+                        "drained"}
             self.paused = False
+            log.info("resume requested: producers fetch again")
             for p in self.topology.producers:
                 self.hub.command(p, "resume")
-            return {"ok": True}
+            return {"ok": True, "message": "resumed: fetching again"}
         return {"ok": False, "error": f"unknown command {cmd!r}"}
 
     def status(self) -> dict:
@@ -360,9 +463,15 @@ class Daemon:
             "state": "draining" if self.draining else "running", "restarts": 0,
             "children": []})
         self._decorate(tree)
+        producers = self.topology.producers
         return {"pipeline": self.config.pipeline.name, "tree": tree,
                 "draining": self.draining, "paused": self.paused,
-                "uptime": time.time() - self.started_at}
+                "stopping": self._stop.is_set(), "pid": os.getpid(),
+                "uptime": time.time() - self.started_at,
+                "acked": self.totals.sum(producers, "acked"),
+                "failed": self.totals.sum(producers, "failed"),
+                "failed_to": self._failed_to(),
+                "sources_down": self._sources_down()}
 
     def _decorate(self, node: dict) -> None:
         stats = self.stats.get(node["id"])
@@ -370,13 +479,15 @@ class Daemon:
             node["messages"] = {k: v for k, v in stats.items() if k != "at"}
         pid = node.get("pid")
         if pid:
-            try:
-                proc = psutil.Process(pid)
-                with proc.oneshot():
-                    cpu = proc.cpu_times()
-                    node["rss_bytes"] = proc.memory_info().rss
-                    node["cpu_seconds"] = cpu.user + cpu.system
-            except psutil.Error:
-                pass
+            # the Spark wrapper's JVM is its child: the row shows the whole process tree
+            usage = metrics.process_usage(pid, tree=node["id"] == self.topology.spark)
+            if usage is not None:
+                node["rss_bytes"], node["cpu_seconds"] = usage
         for child in node.get("children", []):
             self._decorate(child)
+
+
+def _walk(node: dict):
+    yield node
+    for child in node.get("children", []):
+        yield from _walk(child)

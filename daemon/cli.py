@@ -81,21 +81,22 @@ def _call(args: argparse.Namespace, payload: dict) -> dict[str, Any]:
     try:
         reply = control.request(_socket(args), payload)
     except control.ControlError as exc:
-        print(f"offbroadway: {exc}", file=sys.stderr)
-        sys.exit(1)
+        _fail(str(exc))
     if not reply.get("ok"):
-        print(f"offbroadway: {reply.get('error', 'request failed')}", file=sys.stderr)
-        sys.exit(1)
+        _fail(reply.get("error", "request failed"))
     return reply
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     status = _call(args, {"cmd": "status"})["status"]
     if args.json:
-        print(json.dumps({"pipeline": status["pipeline"], "tree": status["tree"]}))
+        print(json.dumps(status))
     else:
+        import shutil
+
         from .render import render_tree
-        print(render_tree(status))
+        width = shutil.get_terminal_size((0, 0)).columns if sys.stdout.isatty() else 0
+        print(render_tree(status, width=width or None))
     return 0
 
 
@@ -110,29 +111,121 @@ def _out_counts(node: dict, into: dict[str, int] | None = None) -> dict[str, int
     return into
 
 
+class _Rates:
+    """Per-stage output rates between two status answers."""
+
+    def __init__(self) -> None:
+        self.previous: dict[str, tuple[float, int]] = {}
+
+    def update(self, status: dict) -> dict[str, float]:
+        import time
+
+        now = time.monotonic()
+        rates: dict[str, float] = {}
+        for sid, out in _out_counts(status["tree"]).items():
+            if sid in self.previous and now > self.previous[sid][0]:
+                rates[sid] = max(0, out - self.previous[sid][1]) / (now - self.previous[sid][0])
+            self.previous[sid] = (now, out)
+        return rates
+
+
 def cmd_top(args: argparse.Namespace) -> int:
     """A live view: the tree every ``--interval`` seconds, with per-stage output rates."""
-    import time
+    import shutil
 
     from .render import render_tree
 
-    previous: dict[str, tuple[float, int]] = {}
-    try:
+    path = _socket(args)
+    status = _call(args, {"cmd": "status"})["status"]     # no daemon: say so, exit 1
+    rates = _Rates()
+    if args.once or not (sys.stdout.isatty() and sys.stdin.isatty()):
+        import time
+
         while True:
-            status = _call(args, {"cmd": "status"})["status"]
-            now = time.monotonic()
-            rates: dict[str, float] = {}
-            for sid, out in _out_counts(status["tree"]).items():
-                if sid in previous and now > previous[sid][0]:
-                    rates[sid] = max(0, out - previous[sid][1]) / (now - previous[sid][0])
-                previous[sid] = (now, out)
-            sys.stdout.write("\x1b[H\x1b[2J" + render_tree(status, rates) + "\n")
-            sys.stdout.flush()
+            width = shutil.get_terminal_size((0, 0)).columns if sys.stdout.isatty() else 0
+            print(render_tree(status, rates.update(status), width or None), flush=True)
             if args.once:
                 return 0
             time.sleep(args.interval)
+            try:
+                status = control.request(path, {"cmd": "status"})["status"]
+            except control.ControlError as exc:
+                print(f"offbroadway: the daemon is gone ({exc})", file=sys.stderr)
+                return 0
+    import curses
+
+    from .top import run_top
+
+    try:
+        gone = curses.wrapper(run_top, path, status, rates.update, args.interval)
     except KeyboardInterrupt:
         return 0
+    if gone:
+        print(f"offbroadway: the daemon stopped ({gone})")
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    """Ask for a stop and, unless ``--no-wait``, wait until the daemon has exited, showing
+    what it is doing (as ``supervisorctl stop`` does)."""
+    import time
+
+    path = _socket(args)
+    reply = _call(args, {"cmd": "stop"})
+    pid = reply.get("pid")
+    if args.no_wait:
+        print("stop: requested (the daemon drains, then exits)")
+        return 0
+    started = time.monotonic()
+    last = ""
+    last_shown = 0.0
+    try:
+        while True:
+            try:
+                status = control.request(path, {"cmd": "status"}, timeout=10)["status"]
+                line = _stop_progress(status)
+            except control.ControlError:
+                line = "stopping the stages"
+                status = None
+            if status is None and (pid is None or not _alive(pid)):
+                print(f"stop: the daemon has exited ({time.monotonic() - started:.1f}s)")
+                return 0
+            now = time.monotonic()
+            if line != last or now - last_shown >= 5:
+                print(f"stop: {line} ({now - started:.0f}s)", file=sys.stderr, flush=True)
+                last, last_shown = line, now
+            if args.timeout and now - started > args.timeout:
+                _fail(f"the daemon is still stopping after {args.timeout:g}s (pid {pid})")
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        print(f"\noffbroadway: not waiting any more; the daemon goes on stopping (pid {pid})",
+              file=sys.stderr)
+        return 130
+
+
+def _stop_progress(status: dict) -> str:
+    inflight = 0
+    stack = [status["tree"]]
+    while stack:
+        node = stack.pop()
+        msgs = node.get("messages") or {}
+        if node["id"].startswith("producer_") and isinstance(msgs.get("inflight"), int):
+            inflight += msgs["inflight"]
+        stack.extend(node.get("children", []))
+    what = "draining" if status.get("draining") else "stopping"
+    return f"{what}, {inflight} messages in flight"
+
+
+def _alive(pid: int) -> bool:
+    """Still running (an exited daemon its parent has not reaped yet is a zombie: gone)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True
 
 
 def cmd_simple(verb: str):
@@ -140,43 +233,78 @@ def cmd_simple(verb: str):
         payload = {"cmd": verb}
         if verb == "restart":
             payload["child"] = args.child_id
-        _call(args, payload)
-        print(f"{verb}: ok")
+        reply = _call(args, payload)
+        print(f"{verb}: {reply.get('message', 'ok')}")
         return 0
     return run
 
 
+DESCRIPTION = """Run a Broadway-style pipeline of supervised OS processes, check its config,
+and steer the running daemon through its control socket."""
+CONFIG_HELP = "the pipeline's TOML config file"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("offbroadway")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="offbroadway", description=__doc__)
-    sub = parser.add_subparsers(dest="verb", required=True)
-    run = sub.add_parser("run", help="run a pipeline in the foreground")
-    run.add_argument("config")
+    parser = argparse.ArgumentParser(prog="offbroadway", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"offbroadway {_version()}")
+    sub = parser.add_subparsers(dest="verb", required=True, metavar="COMMAND")
+    run = sub.add_parser("run", help="run a pipeline in the foreground",
+                         description="Run the pipeline in the foreground until stopped "
+                         "(SIGTERM, Ctrl-C or `offbroadway stop`). Everything `check` "
+                         "checks is checked first.")
+    run.add_argument("config", metavar="CONFIG", help=CONFIG_HELP)
     run.add_argument("--until-idle", action="store_true",
                      help="drain and exit 0 once the source is exhausted and all is acked")
     run.set_defaults(fn=cmd_run)
-    check = sub.add_parser("check", help="validate a config (exit 2 on error)")
-    check.add_argument("config")
+    check = sub.add_parser("check", help="validate a config (exit 2 on error)",
+                           description="Validate a config and everything `run` would refuse "
+                           "at start (directories, the source's options, the handler, "
+                           "pyspark and Java); exit 2 with one line naming the key.")
+    check.add_argument("config", metavar="CONFIG", help=CONFIG_HELP)
     check.set_defaults(fn=cmd_check)
 
     def target(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--config", help="the running daemon's config")
-        p.add_argument("--socket", help="the running daemon's control socket")
+        p.add_argument("--config", metavar="CONFIG",
+                       help="the running daemon's config (its runtime.dir has the socket)")
+        p.add_argument("--socket", help="the running daemon's control socket "
+                       "(default: var/run/control.sock)")
 
     status = sub.add_parser("status", help="show the live supervision tree")
-    status.add_argument("--json", action="store_true")
+    status.add_argument("--json", action="store_true",
+                        help="print the daemon's whole answer as one JSON object")
     target(status)
     status.set_defaults(fn=cmd_status)
-    top = sub.add_parser("top", help="a live view of the tree and per-stage rates")
-    top.add_argument("--interval", type=float, default=1.0)
+    top = sub.add_parser("top", help="a live view of the tree and per-stage rates",
+                         description="A live view fitted to the terminal; q quits.")
+    top.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
+                     help="seconds between refreshes (default 1)")
     top.add_argument("--once", action="store_true", help="print one frame and exit")
     target(top)
     top.set_defaults(fn=cmd_top)
     restart = sub.add_parser("restart", help="restart a child or a supervisor subtree")
-    restart.add_argument("child_id")
+    restart.add_argument("child_id", metavar="CHILD_ID",
+                         help="a child's id as `status` shows it (e.g. batcher_default)")
     target(restart)
     restart.set_defaults(fn=cmd_simple("restart"))
-    for verb, text in (("stop", "drain and stop the daemon"),
-                       ("drain", "stop fetching, finish what is in flight, stay up"),
+    stop = sub.add_parser("stop", help="drain and stop the daemon; waits until it has exited",
+                          description="Drain the pipeline and stop the daemon. Waits until "
+                          "the daemon has exited, showing progress.")
+    stop.add_argument("--no-wait", action="store_true",
+                      help="return as soon as the daemon has the request")
+    stop.add_argument("--timeout", type=float, default=0.0, metavar="SECONDS",
+                      help="give up waiting after this long, exit 1 (default: wait)")
+    target(stop)
+    stop.set_defaults(fn=cmd_stop)
+    for verb, text in (("drain", "stop fetching, finish what is in flight, stay up"),
                        ("resume", "fetch again after a drain")):
         p = sub.add_parser(verb, help=text)
         target(p)
@@ -190,7 +318,15 @@ def main(argv: list[str] | None = None) -> int:
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     args = build_parser().parse_args(argv)
-    return args.fn(args)
+    try:
+        code = args.fn(args)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # `status | head`: the reader has what it wanted; stop writing, quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -54,24 +54,44 @@ async def serve(path: str, handler: Handler) -> asyncio.AbstractServer:
 
 
 def request(path: str, payload: dict, timeout: float = 30.0) -> dict[str, Any]:
-    """Synchronous client used by the CLI."""
+    """Synchronous client used by the CLI; every failure is a :class:`ControlError` with
+    one line for the operator (a daemon that is shutting down may close mid-answer)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
         sock.connect(path)
     except (FileNotFoundError, ConnectionRefusedError):
+        sock.close()
         raise ControlError(f"no offbroadway daemon is running at {path}") from None
     except PermissionError:
+        sock.close()
         raise ControlError(f"permission denied on {path} (run as the service user)") from None
-    with sock:
-        sock.sendall(json.dumps(payload).encode() + b"\n")
-        chunks = []
-        while True:
-            data = sock.recv(65536)
-            if not data:
-                break
-            chunks.append(data)
+    except OSError as exc:
+        sock.close()
+        raise ControlError(f"cannot reach the daemon at {path}: {exc.strerror or exc}") from None
+    chunks = []
+    try:
+        with sock:
+            sock.sendall(json.dumps(payload).encode() + b"\n")
+            while True:
+                data = sock.recv(65536)
+                if not data:
+                    break
+                chunks.append(data)
+    except TimeoutError:
+        raise ControlError(f"the daemon did not answer within {timeout:g}s") from None
+    except OSError as exc:     # ConnectionResetError, BrokenPipeError: it went away
+        raise ControlError(f"the daemon closed the connection without answering "
+                           f"({exc.strerror or type(exc).__name__}; is it shutting down?)"
+                           ) from None
     raw = b"".join(chunks)
     if not raw:
-        raise ControlError("the daemon closed the connection without answering")
-    return json.loads(raw)
+        raise ControlError("the daemon closed the connection without answering "
+                           "(is it shutting down?)")
+    try:
+        reply = json.loads(raw)
+    except ValueError:
+        raise ControlError("the daemon's answer was cut short (is it shutting down?)") from None
+    if not isinstance(reply, dict):
+        raise ControlError("the daemon's answer is not a JSON object")
+    return reply

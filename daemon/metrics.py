@@ -27,6 +27,8 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 import psutil
 from offbroadway.stages.metrics import MULTIPROC_ENV
 
+from .spark import SPARK_CHILD_ID
+
 log = logging.getLogger("offbroadway.daemon.metrics")
 
 
@@ -35,6 +37,30 @@ def prepare_dir(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
     os.makedirs(path, mode=0o700)
     os.environ[MULTIPROC_ENV] = path
+
+
+def process_usage(pid: int, *, tree: bool = False) -> tuple[int, float] | None:
+    """(RSS bytes, CPU seconds) of a child process, or None if it is gone.
+
+    With ``tree``, its descendants are added: the Spark child is a thin wrapper whose JVM
+    (the memory an operator cares about) is its child process.
+    """
+    try:
+        procs = [psutil.Process(pid)]
+        if tree:
+            procs += procs[0].children(recursive=True)
+    except psutil.Error:
+        return None
+    rss, cpu_s = 0, 0.0
+    for proc in procs:
+        try:
+            with proc.oneshot():
+                rss += proc.memory_info().rss
+                t = proc.cpu_times()
+                cpu_s += t.user + t.system
+        except psutil.Error:
+            continue
+    return rss, cpu_s
 
 
 class TreeCollector:
@@ -64,16 +90,10 @@ class TreeCollector:
             up.add_metric(labels, 1.0 if node["state"] == "running" else 0.0)
             restarts.add_metric(labels, float(node.get("restarts", 0)))
             pid = node.get("pid")
-            if pid:
-                try:
-                    proc = psutil.Process(pid)
-                    with proc.oneshot():
-                        rss.add_metric((self.pipeline, node["id"]),
-                                       float(proc.memory_info().rss))
-                        t = proc.cpu_times()
-                        cpu.add_metric((self.pipeline, node["id"]), t.user + t.system)
-                except psutil.Error:
-                    pass
+            usage = process_usage(pid, tree=node["id"] == SPARK_CHILD_ID) if pid else None
+            if usage is not None:
+                rss.add_metric((self.pipeline, node["id"]), float(usage[0]))
+                cpu.add_metric((self.pipeline, node["id"]), usage[1])
             for child in node.get("children", []):
                 walk(child)
 

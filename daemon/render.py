@@ -1,41 +1,154 @@
-"""Human-readable views of the status tree (``status`` and ``top``)."""
+"""Human-readable views of the status tree (``status`` and ``top``), fitted to a width.
+
+Pure functions of the status the daemon answers: the CLI decides the width (the terminal's,
+or none for ``status`` into a pipe) and how to show the lines.  A narrow terminal drops
+the least useful columns first and shortens stage ids, so every stage keeps one line and
+the header stays visible (``top`` at 80x24 is the yardstick).
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+#: the id column never gets narrower than this while a column can still be dropped
+MIN_ID = 24
 
 
 def _mib(n: int | None) -> str:
-    return f"{n / 1048576:6.1f}M" if n else "      -"
+    return f"{n / 1048576:.1f}M" if n else "-"
 
 
-def render_tree(status: dict, rates: dict[str, float] | None = None) -> str:
-    lines = [f"pipeline {status['pipeline']}"
-             + ("  [draining]" if status.get("draining") else "")
-             + ("  [paused]" if status.get("paused") else "")]
-    header = (f"{'id':52} {'pid':>7} {'state':10} {'restarts':>8} {'rss':>7} {'cpu s':>7} "
-              f"{'in':>9} {'out':>9}")
-    if rates is not None:
-        header += f" {'out/s':>9}"
-    lines.append(header)
+def _num(n: Any) -> str:
+    """A count in at most 7 characters."""
+    if not isinstance(n, int):
+        return ""
+    if n < 10_000_000:
+        return str(n)
+    if n < 10_000_000_000:
+        return f"{n / 1e6:.1f}M"
+    return f"{n / 1e9:.1f}G"
 
-    def walk(node: dict, depth: int) -> None:
-        label = "  " * depth + node["id"]
-        if node["kind"] == "supervisor":
-            label += f" ({node.get('strategy')})"
-        msgs = node.get("messages", {})
-        cpu = node.get("cpu_seconds")
-        line = (f"{label:52} {node.get('pid') or '-':>7} {node['state']:10} "
-                f"{node.get('restarts', 0):>8} {_mib(node.get('rss_bytes'))} "
-                f"{(f'{cpu:7.1f}' if cpu is not None else '      -')} "
-                f"{msgs.get('in', ''):>9} {msgs.get('out', ''):>9}")
-        if rates is not None:
-            r = rates.get(node["id"])
-            line += f" {(f'{r:9.0f}' if r is not None else ''):>9}"
-        lines.append(line)
-        for child in node.get("children", []):
-            walk(child, depth + 1)
 
-    walk(status["tree"], 0)
+def duration(seconds: float) -> str:
+    """``3d04h``, ``1h02m``, ``4m05s``, ``12s``."""
+    s = int(seconds)
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    if d:
+        return f"{d}d{h:02d}h"
+    if h:
+        return f"{h}h{m:02d}m"
+    if m:
+        return f"{m}m{s:02d}s"
+    return f"{s}s"
+
+
+@dataclass(frozen=True)
+class _Column:
+    title: str
+    width: int
+    #: columns with the highest ``drop`` go first when the width is short (0: never)
+    drop: int
+    value: Callable[[dict, dict[str, float] | None], str]
+
+
+def _state(node: dict, _rates: Any) -> str:
+    msgs = node.get("messages") or {}
+    if node["state"] == "running" and msgs.get("source_connected") == 0:
+        return "no-source"      # the producer runs; its broker does not answer
+    return str(node["state"])
+
+
+def _rate(node: dict, rates: dict[str, float] | None) -> str:
+    r = (rates or {}).get(node["id"])
+    return f"{r:.0f}" if r is not None else ""
+
+
+def _cpu(node: dict, _rates: Any) -> str:
+    cpu = node.get("cpu_seconds")
+    return f"{cpu:.1f}" if cpu is not None else "-"
+
+
+COLUMNS = (
+    _Column("pid", 7, 3, lambda n, _r: str(n.get("pid") or "-")),
+    _Column("state", 9, 0, _state),
+    _Column("rst", 3, 2, lambda n, _r: str(n.get("restarts", 0))),
+    _Column("rss", 7, 1, lambda n, _r: _mib(n.get("rss_bytes"))),
+    _Column("cpu s", 7, 4, _cpu),
+    _Column("in", 8, 0, lambda n, _r: _num((n.get("messages") or {}).get("in"))),
+    _Column("out", 8, 0, lambda n, _r: _num((n.get("messages") or {}).get("out"))),
+    _Column("failed", 7, 0, lambda n, _r: _num((n.get("messages") or {}).get("failed"))),
+)
+RATE = _Column("out/s", 7, 0, _rate)
+
+
+def _walk(node: dict, depth: int = 0):
+    yield node, depth
+    for child in node.get("children", []):
+        yield from _walk(child, depth + 1)
+
+
+def _label(node: dict, depth: int, width: int) -> str:
+    label = "  " * depth + node["id"]
+    if node["kind"] == "supervisor" and node.get("strategy"):
+        long = f"{label} ({node['strategy']})"
+        if len(long) <= width:
+            label = long
+    if len(label) > width:
+        label = label[:max(1, width - 1)] + "~"
+    return label
+
+
+def header_lines(status: dict) -> list[str]:
+    """What the pipeline is doing, before the rows: uptime, books, flags, sources down."""
+    flags = "".join(f"  [{f}]" for f in ("stopping", "draining", "paused") if status.get(f))
+    line = f"pipeline {status['pipeline']}"
+    if "uptime" in status:
+        line += f"  up {duration(status['uptime'])}"
+    if "acked" in status:
+        line += f"  acked {_num(status['acked'])}"
+    if "failed" in status:
+        line += f"  failed {_num(status['failed'])}"
+    lines = [line + flags]
+    if status.get("failed") and status.get("failed_to"):
+        lines.append(f"failed messages: {status['failed_to']}")
+    for down in status.get("sources_down") or []:
+        lines.append(f"source not connected: {down}")
+    return lines
+
+
+def table_lines(status: dict, rates: dict[str, float] | None = None,
+                width: int | None = None) -> list[str]:
+    """The column titles, then one line per node of the tree (never wider than ``width``)."""
+    nodes = list(_walk(status["tree"]))
+    columns = [*COLUMNS, RATE] if rates is not None else list(COLUMNS)
+    longest = max(len(_label(n, d, 10_000)) for n, d in nodes)
+    if width is not None:
+        def fixed() -> int:
+            return sum(c.width + 1 for c in columns)
+        while width - fixed() < min(MIN_ID, longest) and any(c.drop for c in columns):
+            columns.remove(max(columns, key=lambda c: c.drop))
+        id_width = max(4, min(longest, width - fixed()))
+    else:
+        id_width = longest
+    lines = [f"{'id':{id_width}}" + "".join(f" {c.title:>{c.width}}" for c in columns)]
+    for node, depth in nodes:
+        cells = "".join(f" {c.value(node, rates)[:c.width]:>{c.width}}" for c in columns)
+        lines.append(f"{_label(node, depth, id_width):{id_width}}{cells}")
+    if width is not None:
+        lines = [ln[:width] for ln in lines]
+    return lines
+
+
+def render_tree(status: dict, rates: dict[str, float] | None = None,
+                width: int | None = None) -> str:
+    """``status``'s text: the header, the table and the time it was taken."""
+    lines = header_lines(status) + table_lines(status, rates, width)
     lines.append(time.strftime("%H:%M:%S"))
+    if width is not None:
+        lines = [ln[:width] for ln in lines]
     return "\n".join(lines)

@@ -16,14 +16,17 @@ import zmq
 from offbroadway import Message, Pipeline
 
 from . import callbacks, protocol
+from .failures import FailureTally
 
 log = logging.getLogger("offbroadway.acker")
 
 
 class Acker:
     def __init__(self, producer_socks: Sequence[zmq.Socket], handler: Pipeline, context: Any,
-                 counters: dict[str, int]) -> None:
+                 counters: dict[str, int], failures: FailureTally | None = None) -> None:
         self.socks = list(producer_socks)
+        #: the stage's tally of failure reasons, logged once per interval by its tick
+        self.failures = failures
         self.handler = handler
         self.context = context
         self.counters = counters
@@ -32,6 +35,8 @@ class Acker:
     def finish(self, ok: Sequence[Message], failed: Sequence[Message]) -> None:
         if failed:
             failed = self._handle_failed(failed)
+            if self.failures is not None:
+                self.failures.add(m.status for m in failed)
         per_origin: dict[int, tuple[list, list]] = {}
         for m in ok:
             per_origin.setdefault(m.origin, ([], []))[0].append(m.token)

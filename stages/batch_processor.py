@@ -44,7 +44,7 @@ class BatchProcessorStage(Stage):
         socks = [self.dealer(p) for p in self.spec.producers]
         for sock in socks:
             self.register(sock, self._on_producer)
-        self.acker = Acker(socks, self.handler, self.context, self.counters)
+        self.acker = Acker(socks, self.handler, self.context, self.counters, self.failures)
         sock = self.dealer(self.spec.upstream[0])
         partition = self.spec.index if self.spec.partition_by else None
         self.subs.add(self.spec.upstream[0], sock, partition)

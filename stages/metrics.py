@@ -43,6 +43,9 @@ GAUGES = {
     "demand": ("offbroadway_demand_outstanding", "Demand consumers have placed and not yet met."),
     "buffered": ("offbroadway_buffered_messages", "Messages waiting in a stage's buffer."),
     "inflight": ("offbroadway_inflight_messages", "Messages emitted by a producer, not yet acked."),
+    "source_connected": ("offbroadway_source_connected",
+                         "1 while a producer's source is connected (always 1 for sources "
+                         "without a connection), 0 while it retries."),
 }
 HISTOGRAMS = {
     "handle_message": ("offbroadway_handle_message_seconds",

@@ -57,7 +57,7 @@ class ProcessorStage(Stage):
             self.subs.add(producer, sock, partition)
             self.register(sock, self._on_upstream)
         self.acker = Acker([up.sock for up in self.subs.upstreams], self.handler,
-                           self.context, self.counters)
+                           self.context, self.counters, self.failures)
         # what runs right now, for the daemon to read if this process dies of it (poison)
         self.blame = blame.BlameRecorder(blame.path(self.spec.runtime_dir, self.id))
 

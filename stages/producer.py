@@ -102,9 +102,13 @@ class ProducerStage(Stage):
 
     def stats(self) -> dict[str, Any]:
         s = super().stats()
+        src = self.source.stats()
+        # a source without a connection (spool, generator) has no state and is always there
+        connected = src.get("state", "connected") == "connected"
         s.update(inflight=len(self.inflight), buffered=len(self.buffer),
                  demand=self.dispatcher.demand, draining=self.draining, paused=self.paused,
-                 suspects=len(self.strikes) + len(self.isolate), source=self.source.stats())
+                 suspects=len(self.strikes) + len(self.isolate), source=src,
+                 source_connected=int(connected))
         return s
 
     # -- frames from consumers ------------------------------------------------------------------
@@ -137,6 +141,9 @@ class ProducerStage(Stage):
                 back.append(ev)
         # stale: given back after a requeue already handed them to the source again
         self.counters["returned"] += len(back)
+        # ``out`` counts events that left and stayed out: these will be sent (and counted)
+        # again, so an operator never reads more out than in
+        self.counters["out"] -= len(back)
         self.counters["stale_returns"] += len(events) - len(back)
         if back:
             self.buffer = back + self.buffer

@@ -33,6 +33,7 @@ from offbroadway import Pipeline
 from offbroadway.supervision import child
 
 from . import protocol
+from .failures import FailureTally
 from .metrics import StageMetrics
 from .spec import HUB, StageSpec, endpoint
 
@@ -62,6 +63,9 @@ class Stage:
         self.counters: dict[str, int] = {"in": 0, "out": 0, "failed": 0, "acked": 0,
                                          "malformed": 0}
         self.metrics = StageMetrics(spec.pipeline, spec.id, spec.role)
+        #: reasons of the messages this stage failed, one WARNING per interval (not per
+        #: message); its acker adds to it
+        self.failures = FailureTally()
         self.hub = self.ctx.socket(zmq.DEALER)
         self.hub.setsockopt(zmq.IDENTITY, self.id.encode())
         self.hub.setsockopt(zmq.LINGER, 1000)
@@ -169,6 +173,7 @@ class Stage:
 
     def _tick(self) -> None:
         child.heartbeat()
+        self._log_failures()
         stats = self.stats()
         self.metrics.flush(self.counters, stats)
         try:
@@ -176,6 +181,11 @@ class Stage:
         except zmq.Again:
             pass
         self.call_later(self.TICK, self._tick)
+
+    def _log_failures(self, final: bool = False) -> None:
+        line = self.failures.line(float("inf") if final else time.monotonic(), self.id)
+        if line is not None:
+            log.warning("%s", line)
 
     def setup(self) -> None:
         """Role-specific start: bind, subscribe, open the source.  Ready after this."""
@@ -226,6 +236,7 @@ class Stage:
         except StageExit:
             pass
         finally:
+            self._log_failures(final=True)    # what failed since the last line
             self.teardown()
         return 0
 

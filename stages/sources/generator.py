@@ -105,6 +105,7 @@ class GeneratorSource(Source):
         in_flight = self.fetched - self.acked - self.failed - self.requeued
         return {"source": self.name, "fetched": self.fetched, "acked": self.acked,
                 "failed": self.failed, "requeued": self.requeued,
+                "failed_to": "dropped (the generator keeps no dead letters)",
                 "unacked": in_flight + len(self._requeued), "next_seq": self._next,
                 "count": self.count, "exhausted": self.exhausted(),
                 "last_failure": self._last_failure}

@@ -242,6 +242,15 @@ def _is_permanent(exc: BaseException) -> bool:
     return False
 
 
+def _failed_to(on_failure: str, queue: str) -> str:
+    """Where a failed message goes, in the words of the summary line."""
+    if on_failure == "requeue":
+        return f"requeued to queue {queue!r} (on_failure = requeue)"
+    once = "requeued once, then " if on_failure == "reject_and_requeue_once" else ""
+    return (f"{once}rejected: to the dead-letter exchange of queue {queue!r} if it has one, "
+            f"else dropped by the broker")
+
+
 def _describe(exc: BaseException, url: str = "") -> str:
     return describe_error(exc, url)
 
@@ -451,6 +460,7 @@ class RabbitMQSource(Source):
         s = self.settings
         return {
             "source": self.name, "state": self._state, "url": self.url_masked,
+            "failed_to": _failed_to(s.on_failure, s.queue),
             "queue": s.queue, "prefetch_count": s.prefetch_count,
             "prefetch_auto": s.prefetch_auto, "on_failure": s.on_failure,
             "fetched": self.fetched, "acked": self.acked, "failed": self.failed,

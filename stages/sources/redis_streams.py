@@ -590,6 +590,8 @@ class RedisStreamsSource(Source):
     def stats(self) -> dict[str, Any]:
         return {
             "source": self.name, "state": self._state, "url": self.url_masked,
+            "failed_to": (f"stream {self.dead_letter_stream!r}" if self.on_failure ==
+                          "dead_letter" else f"left pending in group {self.group!r}"),
             "stream": self.stream, "group": self.group, "consumer": self.consumer,
             "on_failure": self.on_failure, "fetched": self.fetched, "acked": self.acked,
             "failed": self.failed, "dead_lettered": self.dead_lettered,

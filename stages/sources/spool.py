@@ -521,6 +521,7 @@ class SpoolSource(Source):
         unacked = sum(len(fs.outstanding) for fs in self._files.values())
         return {"source": self.name, "fetched": self.fetched, "acked": self.acked,
                 "failed": self.failed, "requeued": self.requeued, "unacked": unacked,
+                "failed_to": os.path.join(self.spool_state, DEAD_LETTER),
                 "requeue_waiting": len(self._requeued), "invalid": self.invalid,
                 "skipped_settled": self.skipped, "files_open": len(self._files),
                 "files_reading": len(self._reading), "files_done": self.files_done,
