@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -168,7 +169,7 @@ def test_status_when_the_daemon_hangs_up(short_tmp: Path) -> None:
             conn, _ = server.accept()
             conn.recv(100)
             # RST instead of FIN: what the client sees when the daemon's loop is torn down
-            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             conn.close()
 
     t = threading.Thread(target=hang_up, daemon=True)
