@@ -38,12 +38,18 @@ class Acker:
             if self.failures is not None:
                 self.failures.add(m.status for m in failed)
         per_origin: dict[int, tuple[list, list]] = {}
-        for m in ok:
-            per_origin.setdefault(m.origin, ([], []))[0].append(m.token)
+        if ok:
+            first = ok[0].origin
+            origins = [m.origin for m in ok]
+            if origins.count(first) == len(origins):    # one producer: the usual case
+                per_origin[first] = ([m.token for m in ok], [])
+            else:
+                for m in ok:
+                    per_origin.setdefault(m.origin, ([], []))[0].append(m.token)
         for m in failed:
             per_origin.setdefault(m.origin, ([], []))[1].append([m.token, m.status or "failed"])
         for origin, (tokens, fails) in per_origin.items():
-            if 0 <= origin < len(self.socks):
+            if type(origin) is int and 0 <= origin < len(self.socks):
                 self.socks[origin].send(protocol.ack(tokens, fails), zmq.NOBLOCK)
                 self.counters["frames"] += 1
             else:

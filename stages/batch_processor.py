@@ -76,11 +76,17 @@ class BatchProcessorStage(Stage):
                 if self.subs.all_done:
                     self.report("done", self.stats())   # final counts: the last tick may be older
 
-    def _handle(self, batch_key: Any, trigger: str, events: list) -> None:
+    def _handle(self, batch_key: Any, trigger: str, packed: bytes) -> None:
+        try:
+            events = protocol.open_events(packed)
+        except protocol.ProtocolError as exc:
+            self.counters["malformed"] += 1
+            log.warning("%s: dropped a malformed batch: %s", self.id, exc)
+            return
         self.counters["in"] += len(events)
         self.counters["batches"] += 1
-        messages = [protocol.event_to_message(e) for e in events]
         batcher = self.spec.batcher
+        messages = protocol.to_messages(events, None, batcher, batch_key)
         info = BatchInfo(batcher, batch_key, len(messages), trigger,
                          self.spec.index if self.spec.partition_by else None)
         started = time.perf_counter()

@@ -88,6 +88,19 @@ class BatchAccumulator(Generic[K, V]):
             add(key, vals, now, out)
         return out
 
+    def add_run(self, key: K, items: list[V], now: float) -> list[Batch[K, V]]:
+        """Add ``items`` of one key that arrived at ``now`` (a frame's events share their
+        batch key): :meth:`add_many` without the grouping pass."""
+        if not items:
+            return []
+        now = self._tick(now)
+        out: list[Batch[K, V]] = []
+        if self.size_of is None:
+            self._add_counted(key, items, now, out)
+        else:
+            self._add_sized(key, items, now, out)
+        return out
+
     def _add_counted(self, key: K, vals: list[V], now: float, out: list[Batch[K, V]]) -> None:
         bs = self.batch_size
         n = len(vals)

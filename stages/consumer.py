@@ -207,28 +207,29 @@ class Subscriptions:
         b.woke = False
         return GATHER_FOR
 
-    def shed(self, inbox: deque[tuple[Upstream, list, bool]]) -> None:
+    def shed(self, inbox: deque[tuple[Upstream, list, bool, Any]]) -> None:
         """Keep the oldest events the budget allows in ``inbox`` (frames received, not
-        started: upstream, events, budgeted) and RETURN the rest to their producers, so
-        long jobs that arrived together go to whichever consumer frees up first."""
+        started: upstream, events, budgeted, the frame's header) and RETURN the rest to
+        their producers, so long jobs that arrived together go to whichever consumer
+        frees up first (a producer knows the status of its own events)."""
         budget = self.budget
         if budget is None:
             return
         # an upstream that is done (drained) takes nothing back: those events stay here
-        waiting = sum(len(evs) for up, evs, budgeted in inbox if budgeted and not up.done)
+        waiting = sum(len(evs) for up, evs, budgeted, _ in inbox if budgeted and not up.done)
         keep = budget.keep(waiting)
         if keep >= waiting:
             return
-        kept: deque[tuple[Upstream, list, bool]] = deque()
+        kept: deque[tuple[Upstream, list, bool, Any]] = deque()
         back: dict[int, tuple[Upstream, list]] = {}
-        for up, evs, budgeted in inbox:
+        for up, evs, budgeted, header in inbox:
             if not budgeted or up.done:
-                kept.append((up, evs, budgeted))
+                kept.append((up, evs, budgeted, header))
                 continue
             take = min(keep, len(evs))
             keep -= take
             if take:
-                kept.append((up, evs[:take] if take < len(evs) else evs, True))
+                kept.append((up, evs[:take] if take < len(evs) else evs, True, header))
             if take < len(evs):
                 back.setdefault(up.index, (up, []))[1].extend(evs[take:])
         inbox.clear()

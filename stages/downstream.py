@@ -82,10 +82,14 @@ class Downstream:
                 if self.closed:
                     self.send(peer, protocol.cancel("shutdown"))
             elif kind == protocol.RETURN:
-                if self.on_return is None:
+                try:
+                    if self.on_return is None:
+                        raise protocol.ProtocolError("this stage takes nothing back")
+                    events = protocol.open_events(msg[1])
+                except protocol.ProtocolError:
                     stage.counters["malformed"] += 1
                 else:
-                    self.on_return(peer, msg[1])
+                    self.on_return(peer, events)
             elif kind == protocol.CANCEL:
                 self.dispatcher.cancel(peer)
             elif self.on_frame is not None:
@@ -109,6 +113,12 @@ class Downstream:
         """
         return self._deliver(items, lambda share: protocol.frames_within_limit(share, encode))
 
+    def deliver_frames(self, items: list, frames: Callable[[list], list[tuple[bytes, list]]]
+                       ) -> tuple[list, int]:
+        """As :meth:`deliver`, with ``frames(share)`` making a consumer's frames (each with
+        the items it carries): when a share's items cannot all share one frame header."""
+        return self._deliver(items, frames)
+
     def deliver_each(self, items: list, encode: Callable[[Any], bytes]) -> tuple[list, int]:
         """As :meth:`deliver`, but one frame per item (a batch is one frame)."""
         return self._deliver(items, lambda share: [(encode(item), [item]) for item in share])
@@ -120,14 +130,14 @@ class Downstream:
         deliveries, leftovers = self.dispatcher.dispatch(items)
         sent = 0
         for consumer, share in deliveries:
-            done = 0                                # items of this share sent so far
-            for frame, carried in frames(share):
+            made = frames(share)
+            for k, (frame, carried) in enumerate(made):
                 if not self.send(consumer, frame):
                     self.dispatcher.cancel(consumer)
-                    leftovers = share[done:] + leftovers   # from the first frame not sent
+                    # from the first frame not sent, in the order the frames carried them
+                    leftovers = [item for _, rest in made[k:] for item in rest] + leftovers
                     break
-                done += len(carried)
-            sent += done
+                sent += len(carried)
         return leftovers, sent
 
     def cancel_all(self, reason: str = "shutdown") -> None:

@@ -15,9 +15,11 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from operator import attrgetter
 from typing import Any
 
 import zmq
+from offbroadway import Message
 
 from . import blame, callbacks, protocol
 from .acker import Acker
@@ -37,19 +39,21 @@ class ProcessorStage(Stage):
         self.batchers = set(spec.batchers)
         # Output bound: past it we stop re-asking producers (back-pressure).
         self.out_limit = max(1000, 10 * spec.max_demand)
-        self.out: list[list] = []
+        #: handled messages waiting for batcher demand (built once, encoded when sent)
+        self.out: list[Message] = []
         self.subs = Subscriptions(spec.max_demand, spec.min_demand,
                                   can_ask=lambda: len(self.out) < self.out_limit,
                                   budget=True, index=spec.index, call_later=self.call_later,
                                   counters=self.counters)
         self.finished = False
-        #: frames received and not yet handled: (upstream, events, counted by the budget)
-        self.inbox: deque[tuple[Upstream, list, bool]] = deque()
+        #: frames received and not yet handled: (upstream, events, counted by the budget,
+        #: the frame's header: status and batch key)
+        self.inbox: deque[tuple[Upstream, list, bool, tuple]] = deque()
 
     def setup(self) -> None:
         if self.batchers:
             self.downstream = Downstream(
-                self, PartitionDispatcher(sorted(self.batchers), _batcher_of),
+                self, PartitionDispatcher(sorted(self.batchers), attrgetter("batcher")),
                 on_change=self._on_demand)
         partition = self.spec.index if self.spec.partition_by else None
         for producer in self.spec.upstream:
@@ -82,9 +86,9 @@ class ProcessorStage(Stage):
                 self.subs.shed(inbox)
                 if not inbox:
                     break
-            up, events, budgeted = inbox.popleft()
+            up, events, budgeted, header = inbox.popleft()
             started = time.perf_counter()
-            self._handle(events)
+            self._handle(events, *header)
             self.subs.consumed(up, len(events), time.perf_counter() - started, budgeted)
         self._maybe_finish()
 
@@ -112,15 +116,27 @@ class ProcessorStage(Stage):
             if msg is None:
                 continue
             if msg[0] == protocol.EVENTS:
-                self.inbox.append((up, msg[1], self.subs.received(up, len(msg[1]))))
+                events = self.open_events(msg[3], up.stage_id)
+                if events is not None:
+                    self.inbox.append((up, events, self.subs.received(up, len(events)),
+                                       (msg[1], msg[2])))
             else:
                 self.subs.on_frame(up, msg)
 
-    def _handle(self, events: list) -> None:
+    def open_events(self, packed: bytes, peer: str) -> list | None:
+        """A frame's events, or None (counted and dropped) when they are malformed."""
+        try:
+            return protocol.open_events(packed)
+        except protocol.ProtocolError as exc:
+            self.counters["malformed"] += 1
+            log.warning("%s: dropped malformed events from %s: %s", self.id, peer, exc)
+            return None
+
+    def _handle(self, events: list, status: str | None, batch_key: Any) -> None:
         if not events:
             return
         self.counters["in"] += len(events)
-        messages = [protocol.event_to_message(e) for e in events]
+        messages = protocol.to_messages(events, status, protocol.DEFAULT, batch_key)
         started = time.perf_counter()
         done, failed = callbacks.process(self.handler, messages, self.context, self.batchers,
                                          self.blame)
@@ -129,7 +145,7 @@ class ProcessorStage(Stage):
             if failed:
                 self.acker.finish((), failed)
             if done:
-                self.out.extend([protocol.message_to_event(m) for m in done])
+                self.out.extend(done)
                 self._forward()
         else:
             self.acker.finish(done, failed)
@@ -143,7 +159,7 @@ class ProcessorStage(Stage):
     def _forward(self) -> None:
         if not self.out:
             return
-        self.out, _sent = self.downstream.deliver(self.out, protocol.events)
+        self.out, _sent = self.downstream.deliver_frames(self.out, _frames)
         if len(self.out) < self.out_limit:
             self.subs.release()
 
@@ -165,5 +181,22 @@ class ProcessorStage(Stage):
         self.subs.resubscribe = False
 
 
-def _batcher_of(event: list) -> str:
-    return event[5]
+def _frames(share: list[Message]) -> list[tuple[bytes, list[Message]]]:
+    """A batcher's share as EVENTS frames, one per run of messages with the same batch key
+    (usually one: the key is said once per frame)."""
+    first = share[0].batch_key
+    keys = [m.batch_key for m in share]
+    if keys.count(first) == len(keys):
+        runs = [(first, share)]
+    else:
+        runs = []
+        start = 0
+        for i in range(1, len(share) + 1):
+            if i == len(share) or keys[i] != keys[start]:
+                runs.append((keys[start], share[start:i]))
+                start = i
+    out: list[tuple[bytes, list[Message]]] = []
+    for key, run in runs:
+        out.extend(protocol.frames_within_limit(
+            run, lambda ms, key=key: protocol.events(protocol.to_events(ms), None, key)))
+    return out

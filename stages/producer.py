@@ -55,7 +55,9 @@ class ProducerStage(Stage):
             n = spec.consumer_count
 
             def key(event: list) -> int:
-                return _stable_hash(route(protocol.event_to_message(event))) % n
+                status = self._failed.get(protocol.event_token(event))
+                msg = protocol.event_to_message(event, status)
+                return _stable_hash(route(msg)) % n
 
             self.dispatcher: Dispatcher = PartitionDispatcher(range(n), key)
         elif spec.dispatcher == "demand":
@@ -64,6 +66,10 @@ class ProducerStage(Stage):
             self.dispatcher = SpreadDispatcher(offset=spec.index)
         self.inflight: InFlightTable = InFlightTable()
         self.buffer: list[list] = []
+        #: token -> why, for emitted events that are already failed (a source's bad line, a
+        #: poison verdict, data msgpack cannot carry): a frame says the status of all its
+        #: events, so these go in frames of their own; empty in the common case
+        self._failed: dict[int, str] = {}
         self._acks: list = []
         self._fails: list = []
         self.next_token = self.first_token = time.time_ns()
@@ -132,11 +138,16 @@ class ProducerStage(Stage):
         burst's pump dispatches them).  Only our own events still in flight and not
         already waiting here are taken: anything else is a stale or broken frame."""
         index, inflight = self.spec.index, self.inflight
-        waiting = {ev[1] for ev in self.buffer}
+        token_of, origin_of = protocol.event_token, protocol.event_origin
+        waiting = set(map(token_of, self.buffer))
         back = []
         for ev in events:
-            token = ev[1]
-            if ev[0] == index and token in inflight and token not in waiting:
+            token = token_of(ev)
+            try:
+                ours = origin_of(ev) == index and token in inflight and token not in waiting
+            except TypeError:           # an unhashable token off the wire
+                ours = False
+            if ours:
                 waiting.add(token)
                 back.append(ev)
         # stale: given back after a requeue already handed them to the source again
@@ -151,6 +162,8 @@ class ProducerStage(Stage):
     def _settle(self, ok: list, failed: list) -> None:
         if self._watch:
             self._forget_settled(ok, failed)
+        if self._failed:
+            self._forget_failed(ok, failed)
         handles, failures = self.inflight.settle(ok, failed)
         self.counters["unknown_acks"] = self.inflight.unknown
         if handles:
@@ -187,17 +200,19 @@ class ProducerStage(Stage):
         self.pump()
 
     def _to_events(self, items: list) -> list[list]:
-        token = self.next_token
+        first = token = self.next_token
         index = self.spec.index
-        events = []
-        entries = []
-        for msg_id, data, metadata, handle in items:
-            events.append([index, token, msg_id, data, metadata, "default", "default",
-                           metadata.get("error")])
-            entries.append((token, handle))
-            token += 1
+        new = protocol.new_event
+        events = [new(index, first + i, msg_id, data, metadata)
+                  for i, (msg_id, data, metadata, _) in enumerate(items)]
+        token = first + len(items)
         self.next_token = token
-        self.inflight.add_many(entries)
+        self.inflight.add_many(zip(range(first, token), [item[3] for item in items]))
+        failed = self._failed
+        for i, (_, _, metadata, _) in enumerate(items):
+            error = metadata.get("error")
+            if error is not None:
+                failed[first + i] = error
         if self.strikes or self.isolate:
             self._mark_suspects(events)
         return events
@@ -206,38 +221,71 @@ class ProducerStage(Stage):
         held: list[list] = []
         if self._watch:
             events, held = self._dispatch_alone(events)
-        leftovers, sent = self.downstream.deliver(events, _encode_events)
+        leftovers, sent = self.downstream.deliver_frames(events, self._frames)
         self.counters["out"] += sent
         return held + leftovers if held else leftovers
+
+    def _frames(self, share: list[list]) -> list[tuple[bytes, list]]:
+        """A consumer's share as EVENTS frames: one in the common case; with failed
+        events among them, one per status (a frame says its events' status once)."""
+        try:
+            return self._frames_by_status(share)
+        except Exception:
+            pass
+        # a value msgpack cannot carry: fail that message instead of the frame
+        for ev in share:
+            if not protocol.packable(ev):
+                data, metadata = protocol.event_payload(ev)
+                protocol.replace_payload(ev, repr(data),
+                                         {k: repr(v) for k, v in dict(metadata).items()})
+                self._failed[protocol.event_token(ev)] = (
+                    "message data or metadata cannot be encoded with msgpack")
+        return self._frames_by_status(share)
+
+    def _frames_by_status(self, share: list[list]) -> list[tuple[bytes, list]]:
+        failed = self._failed
+        if failed:
+            token_of = protocol.event_token
+            runs: dict[str | None, list[list]] = {}
+            for ev in share:
+                runs.setdefault(failed.get(token_of(ev)), []).append(ev)
+        else:
+            runs = {None: share}
+        out: list[tuple[bytes, list]] = []
+        for status, evs in runs.items():
+            out.extend(protocol.frames_within_limit(
+                evs, lambda e, status=status: protocol.events(e, status)))
+        return out
 
     # -- poison messages ------------------------------------------------------------------------
     def _mark_suspects(self, events: list[list]) -> None:
         """Redelivered suspects: watched until settled; poison ones emitted already failed."""
-        strikes, isolate, watch = self.strikes, self.isolate, self._watch
+        strikes, isolate, watch, failed = self.strikes, self.isolate, self._watch, self._failed
         for ev in events:
-            msg_id = ev[2]
+            msg_id = protocol.event_id(ev)
             if msg_id in strikes or msg_id in isolate:
-                watch[ev[1]] = msg_id
-                if ev[7] is None:
+                token = protocol.event_token(ev)
+                watch[token] = msg_id
+                if token not in failed:
                     verdict = strikes.verdict(msg_id)
                     if verdict is not None:
-                        ev[7] = verdict
+                        failed[token] = verdict
 
     def _dispatch_alone(self, events: list[list]) -> tuple[list[list], list[list]]:
         """Suspects still to be run go in frames of their own, so that if one kills its
         processor again the blame names it alone; while ``_hold``, not at all.  Returns
         (the others, to dispatch as usual; the suspects not sent)."""
-        watch = self._watch
-        if not any(ev[1] in watch and ev[7] is None for ev in events):
+        watch, failed, token_of = self._watch, self._failed, protocol.event_token
+        if not any(token_of(ev) in watch and token_of(ev) not in failed for ev in events):
             return events, []
         rest: list[list] = []
         held: list[list] = []
         for ev in events:
-            if ev[1] in watch and ev[7] is None:
+            if token_of(ev) in watch and token_of(ev) not in failed:
                 if self._hold:
                     held.append(ev)
                     continue
-                left, sent = self.downstream.deliver([ev], _encode_events)
+                left, sent = self.downstream.deliver_frames([ev], self._frames)
                 self.counters["out"] += sent
                 held.extend(left)
             else:
@@ -261,6 +309,21 @@ class ProducerStage(Stage):
                 self.counters["poison_failed"] += 1
             self.strikes.forget(msg_id)
             self.isolate.discard(msg_id)
+
+    def _forget_failed(self, ok: list, failed: list) -> None:
+        """Settled failed events need no status any more (bounded memory)."""
+        statuses = self._failed
+        for t in ok:
+            try:
+                statuses.pop(t, None)
+            except TypeError:         # an unhashable token off the wire
+                pass
+        for f in failed:
+            if isinstance(f, (list, tuple)) and f:
+                try:
+                    statuses.pop(f[0], None)
+                except TypeError:
+                    pass
 
     def _ours(self, token: object) -> bool:
         """Issued by this incarnation (an earlier one's token names nothing of ours)."""
@@ -362,6 +425,7 @@ class ProducerStage(Stage):
         if hold:
             self._hold = True
         self._watch.clear()        # every watched token is requeued now; ids stay struck
+        self._failed.clear()       # and every failed one: the source has them back
         # buffered events are in flight too: the source has them back, so sending them
         # now would run them twice (and a held suspect, no longer watched, unisolated)
         self.buffer = []
@@ -380,18 +444,6 @@ class ProducerStage(Stage):
     def cmd_close(self) -> None:
         """Terminator, last step: the batch processors are done; close the source."""
         self.running = False
-
-
-def _encode_events(evs: list[list]) -> bytes:
-    try:
-        return protocol.events(evs)
-    except Exception:
-        # a value msgpack cannot carry: fail that message instead of the frame
-        for ev in evs:
-            if not protocol.packable(ev):
-                ev[3], ev[4] = repr(ev[3]), {k: repr(v) for k, v in dict(ev[4]).items()}
-                ev[7] = "message data or metadata cannot be encoded with msgpack"
-        return protocol.events(evs)
 
 
 def _stable_hash(key: Any) -> int:

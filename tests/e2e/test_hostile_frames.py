@@ -20,7 +20,7 @@ from tests.e2e.test_pipeline import make_config, write_spool
 
 
 def hostile_frames(rng: random.Random, n: int) -> list[list[bytes]]:
-    valid = protocol.events([[0, 1, "x", {}, {}, "default", "default", None]])
+    valid = protocol.events([[0, 1, "x", {}, {}]])
     out = []
     for i in range(n):
         choice = i % 5

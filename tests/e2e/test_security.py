@@ -102,13 +102,14 @@ def test_the_decoder_never_runs_a_pickle(tmp_path: Path) -> None:
         with pytest.raises(protocol.ProtocolError):
             protocol.decode(pickle.dumps(_RunsCode(marker), protocol=proto))
     # a well-formed frame carrying a pickle as message data: delivered as inert bytes
-    frame = protocol.events([[0, 1, "id", evil, {"p": evil}, "default", "default", None]])
-    event = protocol.decode(frame)[1][0]
-    assert event[3] == evil and isinstance(event[3], bytes)
+    frame = protocol.events([[0, 1, "id", evil, {"p": evil}]])
+    event = protocol.open_events(protocol.decode(frame)[3])[0]
+    assert event[protocol.DATA] == evil and isinstance(event[protocol.DATA], bytes)
     # msgpack's extension types stay opaque ExtType values, never a hook that decodes them
-    ext = msgpack.packb([protocol.VERSION, protocol.EVENTS,
-                         [[0, 1, "id", msgpack.ExtType(42, evil), {}, "d", "d", None]]])
-    assert isinstance(protocol.decode(ext)[1][0][3], msgpack.ExtType)
+    ext = msgpack.packb([protocol.VERSION, protocol.EVENTS, None, "d",
+                         msgpack.packb([[0, 1, "id", msgpack.ExtType(42, evil), {}]])])
+    opened = protocol.open_events(protocol.decode(ext)[3])
+    assert isinstance(opened[0][protocol.DATA], msgpack.ExtType)
     assert not marker.exists()
 
 

@@ -12,7 +12,9 @@ from offbroadway.stages import protocol
 VALID = [protocol.subscribe(10, 5, None), protocol.ask(7), protocol.cancel("shutdown"),
          protocol.ack([1, 2], [[3, "bad"]]), protocol.command("stop", {}),
          protocol.report("stats", {"in": 1}),
-         protocol.events([[0, 1, "id", {"a": 1}, {}, "default", "default", None]])]
+         protocol.events([[0, 1, "id", {"a": 1}, {}]]),
+         protocol.batch("k", "size", protocol.split_events(
+             protocol.decode(protocol.events([[0, 1, "id", {"a": 1}, {}]] * 3))[3]))]
 
 msgpack_values = st.recursive(
     st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats() | st.text() |
@@ -22,10 +24,18 @@ msgpack_values = st.recursive(
 
 
 def decode_or_refuse(frame: bytes) -> None:
+    """The decoder, and for frames that carry events the two ways stages open them."""
     try:
-        protocol.decode(frame)
+        msg = protocol.decode(frame)
     except protocol.ProtocolError:
-        pass
+        return
+    if msg[0] in (protocol.EVENTS, protocol.BATCH, protocol.RETURN):
+        packed = msg[1] if msg[0] == protocol.RETURN else msg[3]
+        for open_ in (protocol.open_events, protocol.split_events):
+            try:
+                open_(packed)
+            except protocol.ProtocolError:
+                pass
 
 
 @settings(max_examples=500, deadline=None)
@@ -50,6 +60,23 @@ def test_truncated_and_flipped_valid_frames(frame: bytes, data) -> None:
 def test_well_formed_msgpack_of_the_wrong_shape(kind: int, first, rest: list) -> None:
     frame = msgpack.packb([protocol.VERSION, kind, first, *rest], use_bin_type=True)
     decode_or_refuse(frame)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(msgpack_values, max_size=5))
+def test_packed_events_of_the_wrong_shape(events: list) -> None:
+    decode_or_refuse(msgpack.packb([protocol.VERSION, protocol.EVENTS, None, "k",
+                                    msgpack.packb(events, use_bin_type=True)],
+                                   use_bin_type=True))
+
+
+def test_split_events_round_trips_through_a_batch() -> None:
+    evs = [[0, i, f"id-{i}", {"seq": i, "p": "x" * i}, {}] for i in range(40)]
+    raw = protocol.split_events(protocol.decode(protocol.events(evs))[3])
+    assert len(raw) == 40
+    msg = protocol.decode(protocol.batch("k", "size", raw[5:25]))
+    assert msg[1:3] == ["k", "size"]
+    assert protocol.open_events(msg[3]) == evs[5:25]
 
 
 def test_oversized_frame_is_refused_unread() -> None:
