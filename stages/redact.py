@@ -89,8 +89,36 @@ def redact(text: str, *urls: str) -> str:
     return text
 
 
+def root_cause(exc: BaseException) -> BaseException:
+    """The innermost exception ``exc`` wraps: client libraries wrap the socket's error in
+    their own, sometimes with no message at all (pika's ``AMQPConnectionError()`` around a
+    ``ConnectionRefusedError``), and the operator needs the socket's words."""
+    seen = {id(exc)}
+    while True:
+        inner = [a for a in getattr(exc, "args", ()) if isinstance(a, BaseException)]
+        many = getattr(exc, "exceptions", None)
+        if isinstance(many, (list, tuple)) and many:
+            inner.append(many[-1])
+        one = getattr(exc, "exception", None)
+        if isinstance(one, BaseException):
+            inner.append(one)
+        if exc.__cause__ is not None:
+            inner.append(exc.__cause__)
+        nxt = next((e for e in inner if isinstance(e, BaseException) and id(e) not in seen),
+                   None)
+        if nxt is None:
+            return exc
+        seen.add(id(nxt))
+        exc = nxt
+
+
 def describe_error(exc: BaseException, *urls: str, limit: int = 300) -> str:
     """``"Type: message"`` on one bounded line, with the secrets of ``urls`` masked: what a
-    source keeps as ``last_error`` and logs."""
-    text = redact(f"{type(exc).__name__}: {exc}", *urls)
+    source keeps as ``last_error`` and logs.  A wrapper names its innermost cause first
+    (``ConnectionRefusedError: [Errno 111] Connection refused (in AMQPConnectionError)``)."""
+    cause = root_cause(exc)
+    text = f"{type(cause).__name__}: {cause}".rstrip(": ")
+    if cause is not exc:
+        text += f" (in {type(exc).__name__})"
+    text = redact(" ".join(text.split()), *urls)
     return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -29,7 +29,7 @@ instead of disappearing silently inside the source.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..protocol import MAX_FRAME_BYTES
@@ -207,6 +207,29 @@ def option_str(source: str, options: Mapping[str, Any], key: str, default: str |
         raise SourceOptionError(f"{source} source: option {key!r} must be a non-empty "
                                 f"string, got {value!r}", key)
     return value
+
+
+def backoff_wait(minimum: float, maximum: float) -> Callable[[Any], float]:
+    """Seconds before reconnect attempt ``n`` (a tenacity wait: takes the retry state):
+    exponential from ``minimum``, capped at ``maximum``, with "equal jitter" (a random
+    point in the upper half of the cap).  Producers of several daemons do not retry in
+    step, and no wait after the first few is shorter than ``maximum / 2``, so the one log
+    line per attempt stays a bounded number per minute however long a broker is down."""
+    import random
+
+    def wait(retry_state: Any) -> float:
+        n = max(1, int(getattr(retry_state, "attempt_number", 1)))
+        cap = min(maximum, minimum * 2 ** min(n - 1, 60))
+        return cap / 2 + random.uniform(0, cap / 2)
+    return wait
+
+
+def next_attempt(delay: float) -> str:
+    """``"2.5s (at 11:38:20)"``: when a broker source tries again, in a retry's log line."""
+    import time
+
+    at = time.time() + delay
+    return f"{delay:.1f}s (at {time.strftime('%H:%M:%S', time.localtime(at))})"
 
 
 # -- message size ------------------------------------------------------------------------------

@@ -55,6 +55,8 @@ from .base import (
     Failure,
     Item,
     Source,
+    backoff_wait,
+    next_attempt,
     option_float,
     option_int,
     option_max_message_bytes,
@@ -63,11 +65,13 @@ from .base import (
 )
 
 log = logging.getLogger("offbroadway.sources.rabbitmq")
-# pika logs every connection open and close at INFO, several lines each: with one connection
-# per producer that drowns the daemon's own log.  Warnings and errors still come through;
-# a level the user configured is left alone.
+# pika logs every connection open and close at INFO, several lines each, and a failed
+# connection attempt as seven ERROR lines and a traceback: with one connection per producer
+# and a retry every few seconds that drowns the daemon's own log.  This source logs one
+# line per attempt with the cause and the next attempt's time instead, and keeps the last
+# error in its stats; a level the user configured is left alone.
 if logging.getLogger("pika").level == logging.NOTSET:
-    logging.getLogger("pika").setLevel(logging.WARNING)
+    logging.getLogger("pika").setLevel(logging.CRITICAL)
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 #: used when ``prefetch_count = "auto"`` and the daemon did not compute ``auto_prefetch``
@@ -509,8 +513,7 @@ class RabbitMQSource(Source):
         retrying = tenacity.Retrying(
             sleep=self._closing.wait,
             stop=lambda _state: self._closing.is_set(),
-            wait=tenacity.wait_random_exponential(multiplier=self.settings.backoff_min,
-                                                  max=self.settings.backoff_max),
+            wait=backoff_wait(self.settings.backoff_min, self.settings.backoff_max),
             retry=tenacity.retry_if_exception(self._should_retry),
             before_sleep=self._before_retry,
             reraise=True)
@@ -550,8 +553,9 @@ class RabbitMQSource(Source):
         self._last_error = _describe(exc, self.settings.url) if exc else ""
         self._first_attempt.set()      # open() need not wait for an unreachable broker
         delay = retry_state.next_action.sleep if retry_state.next_action else 0.0
-        log.warning("rabbitmq source: %s unreachable (%s); retry %d in %.2fs",
-                    self.url_masked, self._last_error, retry_state.attempt_number, delay)
+        log.warning("rabbitmq source: %s unreachable (%s); attempt %d failed, next in %s",
+                    self.url_masked, self._last_error, retry_state.attempt_number,
+                    next_attempt(delay))
 
     def _connect(self) -> None:
         s = self.settings
@@ -592,6 +596,9 @@ class RabbitMQSource(Source):
             self.reconnects += 1
             log.warning("rabbitmq source: reconnected to %s (incarnation %d)",
                         self.url_masked, self._incarnation)
+        elif self._last_error:
+            log.warning("rabbitmq source: connected to %s (it was unreachable: %s)",
+                        self.url_masked, self._last_error)
         self._opened_once = True
         self._state = "connected"
         if not self._paused:

@@ -23,7 +23,7 @@ Every Redis error (the server restarted, ``CLIENT KILL``) is surfaced, never ret
 blindly inside redis-py: a reply lost with its connection may have delivered entries to us
 that we never saw, so after an error the source re-reads its own pending history, and acks
 that could not be sent are kept and sent again.  Reconnection waits with exponential
-backoff and jitter (tenacity's full-jitter wait), without blocking the producer's loop.
+backoff and jitter (:func:`.base.backoff_wait`), without blocking the producer's loop.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ from .base import (
     Failure,
     Item,
     Source,
+    backoff_wait,
+    next_attempt,
     option_float,
     option_int,
     option_max_message_bytes,
@@ -95,11 +97,11 @@ def _describe(exc: BaseException, url: str = "") -> str:
 
 
 class _Backoff:
-    """tenacity's full-jitter exponential wait, driven by hand: the producer's loop must
+    """The sources' backoff (:func:`.base.backoff_wait`), driven by hand: the producer's loop must
     not sleep, so the source only remembers when the next attempt is due."""
 
     def __init__(self, minimum: float, maximum: float) -> None:
-        self._wait = tenacity.wait_random_exponential(multiplier=minimum, max=maximum)
+        self._wait = backoff_wait(minimum, maximum)
         self._state = tenacity.RetryCallState(None, None, (), {})  # type: ignore[arg-type]
         self.failures = 0
         self.next_at = 0.0
@@ -311,9 +313,11 @@ class RedisStreamsSource(Source):
         self.errors += 1
         self._last_error = _describe(exc, self.url)
         delay = self._backoff.failed()
-        if self._state != "disconnected":
-            log.warning("redis source: %s: %s; retrying in %.2fs", self.url_masked,
-                        self._last_error, delay)
+        # one line per failed attempt (the backoff bounds them: at most one per backoff_max)
+        what = "unreachable" if self._state != "connected" else "connection lost"
+        log.warning("redis source: %s %s (%s); attempt %d failed, next in %s",
+                    self.url_masked, what, self._last_error, self._backoff.failures,
+                    next_attempt(delay))
         self._state = "disconnected"
         # a reply lost with the connection may have given us entries we never saw
         self._history = "0"
