@@ -154,6 +154,8 @@ state_dir = "{tmp}/state"
     last: tuple[float, int, dict] = (time.perf_counter(), 0, {})
     peak = 0
     frames: dict[str, tuple[int, int]] = {}     # stage id -> (frames sent, messages in)
+    # pid -> latest (role, cpu, io cpu): a stage that exited keeps its last sample
+    cpu: dict[int, tuple[str, float, float]] = {}
     while daemon.poll() is None:
         try:
             status = control.request(sock, {"cmd": "status"}, timeout=5)["status"]
@@ -161,14 +163,13 @@ state_dir = "{tmp}/state"
             time.sleep(0.1)
             continue
         acked = _producer_acked(status["tree"])
-        cpu: dict[int, tuple[str, float, float]] = {}
         _stage_cpu(status["tree"], cpu)
         _stage_frames(status["tree"], frames)
         now = time.perf_counter()
         if acked and first is None:
-            first = (now, acked, cpu)
+            first = (now, acked, dict(cpu))
         if acked > last[1]:
-            last = (now, acked, cpu)
+            last = (now, acked, dict(cpu))
         peak = max(peak, _tree_pss([daemon.pid]))
         time.sleep(0.2)
     err = daemon.stderr.read() if daemon.stderr else ""

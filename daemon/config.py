@@ -91,13 +91,31 @@ class BatcherConfig:
     batch_bytes: bool = False
     batch_timeout: float = 1.0
     concurrency: int = 1
-    #: batches a batch processor asks for at once (one in hand, one in reserve)
-    max_demand: int = 2
+    #: batches a batch processor may have asked for and not yet handled; None: about
+    #: BATCH_RESERVE messages' worth, at least 2 (one in hand, one in reserve), see
+    #: :func:`batch_demand`
+    max_demand: int | None = None
     #: events the batcher asks from each processor
     upstream_demand: int = 1000
     partition_by: str | None = None
     heartbeat_timeout: float | None = None
     memory_limit: int | None = None
+
+
+#: messages' worth of batches a batch processor asks for by default: with small batches,
+#: one ask (and one wake-up of the batcher) per batch would cost more than the batch
+BATCH_RESERVE = 1000
+
+
+def batch_demand(b: BatcherConfig) -> int:
+    """A batch processor's max_demand in batches: as configured, else enough batches for
+    about :data:`BATCH_RESERVE` messages and at least 2; byte-sized batches keep 2 (each
+    may be large)."""
+    if b.max_demand is not None:
+        return b.max_demand
+    if b.batch_bytes:
+        return 2
+    return max(2, -(-BATCH_RESERVE // b.batch_size))
 
 
 @dataclass(frozen=True)
@@ -343,7 +361,7 @@ def _batchers(t: _Table) -> dict[str, BatcherConfig]:
             batch_size=size, batch_bytes=batch_bytes,
             batch_timeout=b.get("batch_timeout", float, 1.0, check=_positive),
             concurrency=b.get("concurrency", int, 1, check=_positive),
-            max_demand=b.get("max_demand", int, 2, check=_positive),
+            max_demand=b.get("max_demand", int, None, check=_positive),
             upstream_demand=b.get("upstream_demand", int, max(1000, 2 * size if not
                                   batch_bytes else 1000), check=_positive),
             partition_by=b.get("partition_by", str),

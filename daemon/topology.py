@@ -27,6 +27,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from offbroadway.daemon.config import batch_demand
 from offbroadway.stages.spec import STAGE_ENV, StageSpec
 from offbroadway.supervision.child import GUARD_SIGNAL
 from offbroadway.supervision.spec import (
@@ -72,12 +73,14 @@ def auto_prefetch(config: Any) -> int:
     """Per-producer prefetch that never starves the topology (the seeds' pitfall).
 
     Every processor can hold ``max_demand`` messages and every batcher a batch in the
-    making plus one per batch processor; whatever the broker holds back beyond what the
-    prefetch allows is demand that waits for nothing.  Split over the producers, rounded up.
+    making plus the batches its batch processors asked for; whatever the broker holds
+    back beyond what the prefetch allows is demand that waits for nothing.  Split over the
+    producers, rounded up.
     """
     proc = config.processors[PROCESSOR_KEY]
     need = proc.concurrency * proc.max_demand + sum(
-        (b.batch_size if not b.batch_bytes else b.upstream_demand) * (1 + b.concurrency)
+        (b.batch_size if not b.batch_bytes else b.upstream_demand)
+        * (1 + b.concurrency * batch_demand(b))
         for b in config.batchers.values())
     return min(AMQP_MAX_PREFETCH, max(1, math.ceil(need / config.producer.concurrency)))
 
@@ -158,8 +161,8 @@ def build(config: Any, *, stage_env: Callable[[str], dict[str, str]] | None = No
             heartbeat=b.heartbeat_timeout, memory=b.memory_limit)
         bps = [worker(StageSpec(
             id=bp, role="batch_processor", index=i, upstream=(bid,),
-            producers=tuple(topo.producers), batcher=key, max_demand=b.max_demand,
-            min_demand=max(0, b.max_demand - 1), partition_by=b.partition_by,
+            producers=tuple(topo.producers), batcher=key, max_demand=batch_demand(b),
+            min_demand=batch_demand(b) // 2, partition_by=b.partition_by,
             spark=spark_settings, **base),
             heartbeat=b.heartbeat_timeout, memory=b.memory_limit, env_fn=batch_processor_env,
             shutdown=max(10.0, p.shutdown_timeout))

@@ -34,6 +34,8 @@ class BatchProcessorStage(Stage):
         self.subs = Subscriptions(spec.max_demand, spec.min_demand, counters=self.counters)
         self.sink = None
         self.counters.update(batches=0)
+        #: handled messages whose ACK goes out at the end of this wake-up
+        self._ok: list = []
 
     def setup(self) -> None:
         if self.spec.spark:
@@ -56,13 +58,13 @@ class BatchProcessorStage(Stage):
 
     def _on_producer(self, sock: zmq.Socket) -> None:
         # Producers only ever cancel an unknown subscription here; nothing to do.
-        while sock.get(zmq.EVENTS) & zmq.POLLIN:
+        while sock.get(protocol.ZMQ_EVENTS) & protocol.ZMQ_POLLIN:
             sock.recv(zmq.NOBLOCK)
 
     def _on_upstream(self, sock: zmq.Socket) -> None:
         up = self.subs.by_sock[sock]
         for _ in range(10):
-            if not sock.get(zmq.EVENTS) & zmq.POLLIN:
+            if not sock.get(protocol.ZMQ_EVENTS) & protocol.ZMQ_POLLIN:
                 break
             frame = sock.recv(zmq.NOBLOCK)
             msg = self.decode(frame, up.stage_id)
@@ -72,9 +74,16 @@ class BatchProcessorStage(Stage):
                 self._handle(msg[1], msg[2], msg[3])
                 self.subs.consumed(up, 1)
             elif msg[0] == protocol.CANCEL:
+                self._ack()
                 self.subs.cancelled(up, msg[1])
                 if self.subs.all_done:
                     self.report("done", self.stats())   # final counts: the last tick may be older
+        self._ack()
+
+    def _ack(self) -> None:
+        if self._ok:
+            ok, self._ok = self._ok, []
+            self.acker.finish(ok, ())
 
     def _handle(self, batch_key: Any, trigger: str, packed: bytes) -> None:
         try:
@@ -109,4 +118,11 @@ class BatchProcessorStage(Stage):
         ok = [m for m in rows if m.status is None]
         failed = [m for m in messages if m.status is not None]
         self.counters["out"] += len(ok)
-        self.acker.finish(ok, failed)
+        if self.sink is None and not failed:
+            # acked once per wake-up (the drain's end), not once per batch: one ACK frame
+            # per producer for every batch read together; a write to Spark, which can end
+            # the stage between batches, is acked at once
+            self._ok.extend(ok)
+            return
+        self.acker.finish(self._ok + ok if self._ok else ok, failed)
+        self._ok = []

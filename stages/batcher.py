@@ -72,7 +72,7 @@ class BatcherStage(Stage):
         up = self.subs.by_sock[sock]
         now = time.monotonic()
         for _ in range(100):
-            if not sock.get(zmq.EVENTS) & zmq.POLLIN:
+            if not sock.get(protocol.ZMQ_EVENTS) & protocol.ZMQ_POLLIN:
                 break
             frame = sock.recv(zmq.NOBLOCK)
             msg = self.decode(frame, up.stage_id)

@@ -48,7 +48,7 @@ class Downstream:
         stage = self.stage
         # readiness from the socket's EVENTS, not a zmq.Again raised at the end of every drain
         for _ in range(READ_BURST):
-            if not sock.get(zmq.EVENTS) & zmq.POLLIN:
+            if not sock.get(protocol.ZMQ_EVENTS) & protocol.ZMQ_POLLIN:
                 break
             parts = sock.recv_multipart(zmq.NOBLOCK)
             if len(parts) != 2:       # not one of ours

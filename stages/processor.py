@@ -109,7 +109,7 @@ class ProcessorStage(Stage):
         told they arrived), anything else to the subscriptions."""
         sock = up.sock
         for _ in range(limit):
-            if not sock.get(zmq.EVENTS) & zmq.POLLIN:
+            if not sock.get(protocol.ZMQ_EVENTS) & protocol.ZMQ_POLLIN:
                 break
             frame = sock.recv(zmq.NOBLOCK)
             msg = self.decode(frame, up.stage_id)

@@ -59,6 +59,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgpack
+import zmq
 from offbroadway import Message
 from offbroadway.message import _wire_message
 
@@ -66,6 +67,11 @@ from offbroadway.message import _wire_message
 VERSION = 2
 #: Frames larger than this are refused unread (64 MiB: a batch of 100k rows of ~600 B).
 MAX_FRAME_BYTES = 64 * 1024 * 1024
+
+#: zmq.EVENTS and zmq.POLLIN as plain ints: readiness is checked before every read, and
+#: pyzmq's enum flags cost microseconds per operation
+ZMQ_EVENTS = int(zmq.EVENTS)
+ZMQ_POLLIN = int(zmq.POLLIN)
 
 #: an event's fields, by name (the only place their positions are written down)
 ORIGIN, TOKEN, ID, DATA, METADATA = range(5)
