@@ -149,8 +149,8 @@ def cmd_top(args: argparse.Namespace) -> int:
             time.sleep(args.interval)
             try:
                 status = control.request(path, {"cmd": "status"})["status"]
-            except control.ControlError as exc:
-                print(f"offbroadway: the daemon is gone ({exc})", file=sys.stderr)
+            except control.ControlError:
+                print("offbroadway: the daemon has stopped; top ends", file=sys.stderr)
                 return 0
     import curses
 
@@ -161,7 +161,7 @@ def cmd_top(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 0
     if gone:
-        print(f"offbroadway: the daemon stopped ({gone})")
+        print("offbroadway: the daemon has stopped; top ends")
     return 0
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-#: the id column never gets narrower than this while a column can still be dropped
+#: the id column's width when there is no stage to size it by
 MIN_ID = 24
 
 
@@ -22,7 +22,7 @@ def _mib(n: int | None) -> str:
 
 
 def _num(n: Any) -> str:
-    """A count in at most 7 characters."""
+    """A count in at most 7 characters (the width of the count columns)."""
     if not isinstance(n, int):
         return ""
     if n < 10_000_000:
@@ -79,8 +79,8 @@ COLUMNS = (
     _Column("rst", 3, 2, lambda n, _r: str(n.get("restarts", 0))),
     _Column("rss", 7, 1, lambda n, _r: _mib(n.get("rss_bytes"))),
     _Column("cpu s", 7, 4, _cpu),
-    _Column("in", 8, 0, lambda n, _r: _num((n.get("messages") or {}).get("in"))),
-    _Column("out", 8, 0, lambda n, _r: _num((n.get("messages") or {}).get("out"))),
+    _Column("in", 7, 0, lambda n, _r: _num((n.get("messages") or {}).get("in"))),
+    _Column("out", 7, 0, lambda n, _r: _num((n.get("messages") or {}).get("out"))),
     _Column("failed", 7, 0, lambda n, _r: _num((n.get("messages") or {}).get("failed"))),
 )
 RATE = _Column("out/s", 7, 0, _rate)
@@ -92,8 +92,8 @@ def _walk(node: dict, depth: int = 0):
         yield from _walk(child, depth + 1)
 
 
-def _label(node: dict, depth: int, width: int) -> str:
-    label = "  " * depth + node["id"]
+def _label(node: dict, depth: int, width: int, indent: int = 2) -> str:
+    label = " " * (indent * depth) + node["id"]
     if node["kind"] == "supervisor" and node.get("strategy"):
         long = f"{label} ({node['strategy']})"
         if len(long) <= width:
@@ -101,6 +101,25 @@ def _label(node: dict, depth: int, width: int) -> str:
     if len(label) > width:
         label = label[:max(1, width - 1)] + "~"
     return label
+
+
+def _layout(nodes: list[tuple[dict, int]], columns: list[_Column], width: int
+            ) -> tuple[int, list[_Column]]:
+    """(indent, columns) so that every stage's id fits whole in ``width``: first drop the
+    least useful columns (pid, restarts, cpu), then indent by one space instead of two,
+    then give up rss; a supervisor's longer id may still be shortened."""
+    def fixed(cols: list[_Column]) -> int:
+        return sum(c.width + 1 for c in cols)
+
+    for indent in (2, 1):
+        cols = list(columns)
+        need = max((len(" " * (indent * d) + n["id"]) for n, d in nodes
+                    if n["kind"] != "supervisor"), default=MIN_ID)
+        while width - fixed(cols) < need and any(c.drop >= 2 for c in cols):
+            cols.remove(max(cols, key=lambda c: c.drop))
+        if width - fixed(cols) >= need:
+            return indent, cols
+    return 1, [c for c in columns if not c.drop]
 
 
 def header_lines(status: dict) -> list[str]:
@@ -126,19 +145,18 @@ def table_lines(status: dict, rates: dict[str, float] | None = None,
     """The column titles, then one line per node of the tree (never wider than ``width``)."""
     nodes = list(_walk(status["tree"]))
     columns = [*COLUMNS, RATE] if rates is not None else list(COLUMNS)
-    longest = max(len(_label(n, d, 10_000)) for n, d in nodes)
+    indent = 2
     if width is not None:
-        def fixed() -> int:
-            return sum(c.width + 1 for c in columns)
-        while width - fixed() < min(MIN_ID, longest) and any(c.drop for c in columns):
-            columns.remove(max(columns, key=lambda c: c.drop))
-        id_width = max(4, min(longest, width - fixed()))
+        indent, columns = _layout(nodes, columns, width)
+    longest = max(len(_label(n, d, 10_000, indent)) for n, d in nodes)
+    if width is not None:
+        id_width = max(4, min(longest, width - sum(c.width + 1 for c in columns)))
     else:
         id_width = longest
     lines = [f"{'id':{id_width}}" + "".join(f" {c.title:>{c.width}}" for c in columns)]
     for node, depth in nodes:
         cells = "".join(f" {c.value(node, rates)[:c.width]:>{c.width}}" for c in columns)
-        lines.append(f"{_label(node, depth, id_width):{id_width}}{cells}")
+        lines.append(f"{_label(node, depth, id_width, indent):{id_width}}{cells}")
     if width is not None:
         lines = [ln[:width] for ln in lines]
     return lines
