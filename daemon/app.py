@@ -95,7 +95,8 @@ class Daemon:
         if self.config.spark is not None:
             from .spark import plan  # the Spark wiring; pyspark itself stays in the stages
 
-            spark = plan(self.config.spark, runtime_dir=rt.dir, state_dir=rt.state_dir)
+            spark = plan(self.config.spark, runtime_dir=rt.dir, state_dir=rt.state_dir,
+                         log_env=self._stage_env("spark"))
             kwargs.update(spark_child=spark.child, batch_processor_env=spark.batch_processor_env,
                           spark_settings=spark.settings)
         self.topology = topo_mod.build(self.config, stage_env=self._stage_env, **kwargs)

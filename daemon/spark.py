@@ -90,7 +90,8 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def plan(spark: dict[str, Any], *, runtime_dir: str, state_dir: str) -> SparkPlan:
+def plan(spark: dict[str, Any], *, runtime_dir: str, state_dir: str,
+         log_env: dict[str, str] | None = None) -> SparkPlan:
     """Turn the validated ``[spark]`` section into the child spec, env and sink settings."""
     settings: dict[str, Any] = {k: spark[k] for k in SINK_KEYS if k in spark}
     settings["partition_by"] = list(settings.get("partition_by") or [])
@@ -118,6 +119,7 @@ def plan(spark: dict[str, Any], *, runtime_dir: str, state_dir: str) -> SparkPla
             ENV_DRIVER_MEMORY: spark.get("driver_memory") or "1g",
             ENV_STOP_TIMEOUT: str(STOP_TIMEOUT),
             "SPARK_LOCAL_IP": "127.0.0.1",
+            **(log_env or {}),     # the pipeline's log level and format, as every stage
         }
         if spark.get("conf"):
             env[ENV_CONF] = json.dumps(dict(spark["conf"]))

@@ -54,6 +54,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import signal
@@ -66,6 +67,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from offbroadway.supervision import child
+
+from . import logs
+
+log = logging.getLogger("offbroadway.spark_server")
 
 ENV_PORT = "OFFBROADWAY_SPARK_PORT"
 ENV_TOKEN = "OFFBROADWAY_SPARK_TOKEN"
@@ -260,12 +265,12 @@ class Server:
         self._log = None
 
     # -- small helpers -----------------------------------------------------------------
-    def say(self, text: str) -> None:
-        """A line for the daemon's log (stderr) and the same in the Spark log file."""
-        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} offbroadway.spark_server: {text}\n"
-        sys.stderr.write(line)
-        sys.stderr.flush()
+    def say(self, text: str, level: int = logging.INFO) -> None:
+        """A line for the daemon's log (stderr, in the pipeline's format: text or JSON, see
+        :mod:`.logs`) and the same in the Spark log file."""
+        log.log(level, "%s", text)
         if self._log is not None:
+            line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} offbroadway.spark_server: {text}\n"
             self._log.write(line.encode())
             self._log.flush()
 
@@ -343,9 +348,9 @@ class Server:
                 return True
             if self.stopping or self.jvm_exit() is not None:
                 return False
-            self.say(f"probe failed, retrying: {error}")
+            self.say(f"probe failed, retrying: {error}", logging.WARNING)
             time.sleep(0.5)
-        self.say(f"not ready within {self.s.ready_timeout:.0f} s")
+        self.say(f"not ready within {self.s.ready_timeout:.0f} s", logging.ERROR)
         return False
 
     def _probe(self, deadline: float) -> str | None:
@@ -386,7 +391,8 @@ class Server:
             except subprocess.TimeoutExpired:
                 child.heartbeat()
                 continue
-            self.say(f"Spark Connect server JVM exited with {_describe(code)}; see {self.log_path}")
+            self.say(f"Spark Connect server JVM exited with {_describe(code)}; see "
+                     f"{self.log_path}", logging.ERROR)
             self._forget_pid()
             return 1
         return self.stop()
@@ -405,7 +411,8 @@ class Server:
         try:
             proc.wait(timeout=self.s.stop_timeout)
         except subprocess.TimeoutExpired:
-            self.say(f"JVM still alive after {self.s.stop_timeout:.0f} s; killing it")
+            self.say(f"JVM still alive after {self.s.stop_timeout:.0f} s; killing it",
+                     logging.WARNING)
             proc.kill()
             proc.wait()
         self.say(f"stopped in {time.monotonic() - t0:.1f} s")
@@ -451,19 +458,34 @@ def run_probe() -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["--probe"]:
+    if argv[:1] != ["--probe"]:
+        # the pipeline's log format (text or JSON lines), as every stage has it
+        logs.configure(os.environ.get(logs.LEVEL_ENV, "info"),
+                       os.environ.get(logs.FORMAT_ENV, "text"), "spark")
         try:
-            return run_probe()
-        except Exception as exc:   # the parent logs our last line; keep it to one line
-            print(f"probe: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-                  file=sys.stderr)
+            return _serve_main()
+        except Exception:        # a bug here: one log record (JSON with "exc"), exit 1
+            log.exception("spark server failed")
             return 1
+    return _probe_main()
+
+
+def _probe_main() -> int:
+    try:
+        return run_probe()
+    except Exception as exc:   # the parent logs our last line; keep it to one line
+        print(f"probe: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+              file=sys.stderr)
+        return 1
+
+
+def _serve_main() -> int:
     # Shutdown is the daemon's decision: ignore the terminal's SIGINT, act on SIGTERM.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         settings = ServerSettings.from_env()
     except SettingsError as exc:
-        print(f"offbroadway.spark_server: {exc}", file=sys.stderr)
+        log.error("%s", exc)
         return 2
     server = Server(settings)
 
@@ -474,7 +496,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         server.start()
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        server.say(f"cannot start the Spark Connect server: {exc}")
+        server.say(f"cannot start the Spark Connect server: {exc}", logging.ERROR)
         return 1
     if not server.wait_ready():
         if server.stopping:
@@ -482,7 +504,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = server.jvm_exit()
         if code is not None:
             server.say(f"Spark Connect server JVM exited with {_describe(code)} during start; "
-                       f"see {server.log_path}")
+                       f"see {server.log_path}", logging.ERROR)
         server.stop()
         return 1
     child.notify_ready()
