@@ -12,6 +12,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
@@ -200,3 +201,40 @@ def test_help_and_version() -> None:
         assert "``" not in text, verb
         for w in words:
             assert w in text, (verb, w)
+
+
+def test_second_ctrl_c_explains_and_third_stops_at_once(short_tmp: Path) -> None:
+    """Ctrl-C drains; a second one is not silently ignored; a third stops without waiting
+    for the drain (shutdown_timeout here is far longer than the test may take)."""
+    import signal
+
+    # each processor holds up to max_demand (10) messages of 2 s each: a drain takes ~20 s
+    write_spool(short_tmp / "spool", 200, files=1)
+    config = make_config(short_tmp, context={"slow": 2.0}, shutdown_timeout=300.0)
+    log = short_tmp / "daemon.log"
+    sock = short_tmp / "run" / "control.sock"
+    daemon = start(config, log)
+    try:
+        wait_until(lambda: sock.exists() and (s := status(sock)) and all(
+            n["state"] == "running" for n in walk(s["tree"])), timeout=60,
+            message="every child running")
+        daemon.send_signal(signal.SIGINT)
+        wait_until(lambda: "SIGINT received: draining" in log.read_text(), timeout=10,
+                   message="the drain to begin")
+        daemon.send_signal(signal.SIGINT)
+        wait_until(lambda: "received again: already stopping" in log.read_text(), timeout=10,
+                   message="the second Ctrl-C to be answered")
+        assert daemon.poll() is None            # still draining: the slow batches take long
+        daemon.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        assert daemon.wait(60) == 0
+        # not the drain's ~20 s: the stages are stopped at once (a busy one is SIGKILLed
+        # after its 5 s shutdown), what they held stays unacked at the source
+        assert time.monotonic() - started < 15
+        text = log.read_text()
+        assert "received a third time: stopping now" in text
+        assert "Traceback" not in text
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
