@@ -657,11 +657,27 @@ def check_spark(config: Config) -> list[str]:
     return []
 
 
+def _check_private(key: str, path: str) -> None:
+    """An existing runtime dir must be ours and closed to others: the sockets that steer
+    the daemon live there (the daemon refuses it at start too, ``app.prepare_private_dir``)."""
+    import stat
+
+    if not os.path.isdir(path):
+        return
+    st = os.stat(path)
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ConfigError(f"{key}: {path!r} is writable by group/others (mode "
+                          f"{stat.S_IMODE(st.st_mode):o}); refusing to start: chmod 700 it")
+    if st.st_uid != os.getuid():
+        raise ConfigError(f"{key}: {path!r} belongs to uid {st.st_uid}, not {os.getuid()}")
+
+
 def preflight(config: Config) -> list[str]:
     """Everything ``run`` would refuse at start that can be known without starting it,
     in the order ``run`` meets it: ``check`` runs this, and so does ``run`` before it
     creates anything.  Returns notes on what only a running daemon can tell."""
     _check_dir("runtime.dir", config.runtime.dir)
+    _check_private("runtime.dir", config.runtime.dir)
     _check_dir("runtime.state_dir", config.runtime.state_dir)
     notes = check_source(config)
     check_handler(config)

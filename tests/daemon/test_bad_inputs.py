@@ -108,6 +108,13 @@ def long_batcher_key(root: Path) -> dict:
     return raw
 
 
+def open_runtime_dir(root: Path) -> dict:
+    raw = base(root)
+    (root / "run").mkdir()
+    (root / "run").chmod(0o777)
+    return raw
+
+
 def renamed_section(root: Path) -> dict:
     raw = base(root)
     raw["pipelin"] = raw.pop("pipeline")
@@ -178,6 +185,8 @@ CASES: list[tuple[str, Callable[[Path], dict] | str, str, str]] = [
     ("state-dir-under-a-file", file_at("afile", lambda root, raw: raw["runtime"]
                                        .__setitem__("state_dir", str(root / "afile" / "s"))),
      "runtime.state_dir: ", ""),
+    ("runtime-dir-open-to-others", open_runtime_dir,
+     "is writable by group/others (mode 777)", ""),
     ("pyspark-missing", spark_base, "spark: pyspark is not installed", "no-pyspark"),
     ("no-java", spark_base, "spark: the local Spark server needs Java", "no-java"),
     ("section-typo", renamed_section, "pipelin: unknown key; did you mean [pipeline]?", ""),
@@ -216,9 +225,10 @@ def test_bad_input(case, verb: str, short_tmp: Path) -> None:
     assert len(lines) == 1, res.stderr
     assert fragment in lines[0], lines[0]
     assert lines[0].startswith(f"offbroadway: invalid config {config}: ")
-    # nothing created: no runtime dir, no state dir, no sockets
-    assert set(os.listdir(root)) <= {"c.toml", "spool", "afile", "spoolfile", "emptybin"}, \
-        sorted(os.listdir(root))
+    # nothing created: no runtime dir (or an empty one the case made), no state dir
+    assert set(os.listdir(root)) <= {"c.toml", "spool", "afile", "spoolfile", "emptybin",
+                                     "run"}, sorted(os.listdir(root))
+    assert not (root / "run").exists() or not any((root / "run").iterdir())
 
 
 def test_check_says_what_it_cannot_tell(short_tmp: Path) -> None:

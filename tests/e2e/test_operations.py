@@ -135,5 +135,7 @@ def test_refuses_a_runtime_dir_others_can_write(short_tmp: Path) -> None:
     (short_tmp / "run").chmod(0o777)
     proc = subprocess.run(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
                           env=test_env(), capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 1
-    assert "writable by group/others" in proc.stderr
+    # refused by the checks run shares with `check` (exit 2, naming runtime.dir), before
+    # anything is created; the daemon's own refusal at start stays as a second guard
+    assert proc.returncode == 2
+    assert "runtime.dir" in proc.stderr and "writable by group/others" in proc.stderr
