@@ -47,7 +47,8 @@ class ProcessorStage(Stage):
                                   counters=self.counters)
         self.finished = False
         #: frames received and not yet handled: (upstream, events, counted by the budget,
-        #: the frame's header: status and batch key)
+        #: the frame's header: status and batch key, and its events packed, for the blame
+        #: record)
         self.inbox: deque[tuple[Upstream, list, bool, tuple]] = deque()
 
     def setup(self) -> None:
@@ -119,7 +120,7 @@ class ProcessorStage(Stage):
                 events = self.open_events(msg[3], up.stage_id)
                 if events is not None:
                     self.inbox.append((up, events, self.subs.received(up, len(events)),
-                                       (msg[1], msg[2])))
+                                       (msg[1], msg[2], msg[3])))
             else:
                 self.subs.on_frame(up, msg)
 
@@ -132,11 +133,14 @@ class ProcessorStage(Stage):
             log.warning("%s: dropped malformed events from %s: %s", self.id, peer, exc)
             return None
 
-    def _handle(self, events: list, status: str | None, batch_key: Any) -> None:
+    def _handle(self, events: list, status: str | None, batch_key: Any, packed: bytes) -> None:
         if not events:
             return
         self.counters["in"] += len(events)
         messages = protocol.to_messages(events, status, protocol.DEFAULT, batch_key)
+        # the frame goes into the blame record once; each message then records its place
+        # (events shed from the frame's end leave the front's places as they were)
+        self.blame.events(packed, messages)
         started = time.perf_counter()
         done, failed = callbacks.process(self.handler, messages, self.context, self.batchers,
                                          self.blame)

@@ -126,3 +126,36 @@ def test_the_record_survives_a_segfault(tmp_path: Path) -> None:
     assert proc.returncode == -11, proc.stderr
     got = blame.take(path)
     assert got is not None and got.suspects == (blame.Suspect(0, 42, "the-poison"),)
+
+
+def test_a_packed_frame_record_names_the_running_message_alone(tmp_path: Path) -> None:
+    """A frame's packed events copied once, then a position per message: the blame is
+    still one message, the one running, and a message that is not the frame's (made by
+    prepare_messages) falls back to a record of its own."""
+    from offbroadway.stages import protocol
+
+    path = blame.path(str(tmp_path), "p")
+    rec = blame.BlameRecorder(path)
+    evs = [[1, 1_763_000_000_000_000_000 + i, f"line-{i}", {"seq": i}, {}] for i in range(30)]
+    packed = protocol.decode(protocol.events(evs))[3]
+    messages = protocol.to_messages(protocol.open_events(packed))
+    rec.events(packed, messages)
+    assert blame.parse(Path(path).read_bytes()) is None       # nothing runs yet
+    for i in (0, 1, 17, 29):
+        rec.message(messages[i])
+        assert blame.parse(Path(path).read_bytes()) == blame.Blame("handle_message", (
+            blame.Suspect(1, 1_763_000_000_000_000_000 + i, f"line-{i}"),), 1)
+    rec.message(_msg("made-by-prepare", origin=3, token=5))
+    assert blame.parse(Path(path).read_bytes()) == blame.Blame("handle_message", (
+        blame.Suspect(3, 5, "made-by-prepare"),), 1)
+    rec.idle()
+    assert blame.take(path) is None
+
+
+@given(st.binary(max_size=256), st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1))
+def test_a_torn_packed_record_blames_nobody_or_parses(body: bytes, n: int, index: int
+                                                       ) -> None:
+    head = blame.HEADER.pack(blame.MAGIC, blame.PACKED_MESSAGE, 0, 0)
+    raw = head.ljust(blame.SIZE, b"\0") + blame.PACKED.pack(n, index) + body
+    got = blame.parse(raw)
+    assert got is None or len(got.suspects) == 1
