@@ -15,6 +15,7 @@ import math
 import re
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ import pytest
 from tests.brokers.conftest import TcpProxy, unique
 from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
 from tests.e2e.handlers import read_records
+from tests.e2e.test_operations import free_port
 from tests.e2e.test_pipeline import make_config
 
 pytestmark = pytest.mark.broker
@@ -66,6 +68,18 @@ def run_outage(short_tmp: Path, source: str, options: dict, handler: str, publis
     config = make_config(short_tmp, handler=handler, source=source, options={
         **options, "backoff_min": BACKOFF_MIN, "backoff_max": BACKOFF_MAX},
         batchers={"default": {"batch_size": 100, "batch_timeout": 0.2}})
+    port = free_port()
+    config.write_text(config.read_text().replace('listen = ""', f'listen = "127.0.0.1:{port}"'))
+
+    def gauge() -> float | None:
+        """offbroadway_source_connected of producer_0, as Prometheus scrapes it."""
+        try:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+        except OSError:
+            return None
+        m = re.search(r'^offbroadway_source_connected\{[^}]*stage="producer_0"[^}]*\} (\S+)$',
+                      body.decode(), re.M)
+        return float(m.group(1)) if m else None
     log = short_tmp / "daemon.log"
     sock = short_tmp / "run" / "control.sock"
     out = short_tmp / "out"
@@ -94,6 +108,7 @@ def run_outage(short_tmp: Path, source: str, options: dict, handler: str, publis
         assert "Traceback" not in text and "pika." not in text, text[-3000:]
         assert " is up" not in text                             # not while the source is down
         assert "waiting for its source" in text
+        wait_until(lambda: gauge() == 0.0, timeout=10, message="the gauge at 0 while down")
 
         # -- back: everything published meanwhile goes through -----------------------------
         publish(0, N // 2)
@@ -112,6 +127,7 @@ def run_outage(short_tmp: Path, source: str, options: dict, handler: str, publis
                    timeout=120, message="every message handled after the outages")
         wait_until(lambda: producer_connected(sock) == 1, timeout=30,
                    message="status to show the source connected")
+        wait_until(lambda: gauge() == 1.0, timeout=10, message="the gauge at 1 once back")
         stop = cli("stop", "--socket", str(sock))
         assert stop.returncode == 0, stop.stderr
         assert daemon.wait(30) == 0

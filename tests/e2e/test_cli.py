@@ -238,3 +238,19 @@ def test_second_ctrl_c_explains_and_third_stops_at_once(short_tmp: Path) -> None
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait()
+
+
+def test_the_summary_says_where_failed_messages_went(short_tmp: Path) -> None:
+    write_spool(short_tmp / "spool", 20, files=1, bad_lines=(3, 7))
+    config = make_config(short_tmp, batchers={"even": {"batch_size": 10, "batch_timeout": 0.2},
+                                              "odd": {"batch_size": 10, "batch_timeout": 0.2}})
+    proc = subprocess.run(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
+                          env=test_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dead = short_tmp / "state" / "spool" / "dead-letter.jsonl"
+    assert f"18 messages acked, 2 failed (failed messages: {dead})" in proc.stdout, proc.stdout
+    assert len(dead.read_text().splitlines()) == 2
+    # and the stage that failed them said so, once, with the count and the reason
+    warnings = [ln for ln in proc.stderr.splitlines() if "messages failed" in ln]
+    assert len(warnings) >= 1 and all(" WARNING " in w for w in warnings)
+    assert sum(int(re.search(r": (\d+) messages failed", w).group(1)) for w in warnings) == 2
