@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import stat
 import time
@@ -33,7 +34,7 @@ from offbroadway.stages import blame as blame_mod
 from offbroadway.stages import logs
 from offbroadway.supervision import SupervisionError, Supervisor
 
-from . import control, metrics
+from . import control, metrics, runlock, stopbudget
 from . import topology as topo_mod
 from .hub import Hub
 from .notify import Notifier
@@ -60,6 +61,17 @@ def prepare_private_dir(path: str) -> None:
         raise RuntimeDirError(f"runtime dir {path} belongs to uid {st.st_uid}, not us")
 
 
+#: what keeps a daemon from starting: one line for the operator, exit 1, nothing left behind
+START_ERRORS = (RuntimeDirError, runlock.AlreadyRunning, metrics.ListenError)
+
+
+def stop_budget(config: Any) -> float:
+    """The longest a stop of ``config``'s pipeline can take (see :mod:`.stopbudget`)."""
+    daemon = Daemon(config)
+    daemon._build()
+    return daemon.stop_budget
+
+
 class Daemon:
     def __init__(self, config: Any, *, until_idle: bool = False,
                  notifier: Notifier | None = None) -> None:
@@ -81,6 +93,7 @@ class Daemon:
         #: suspects until it is empty, so no doomed sibling runs one uncounted
         self._restarting: set[str] = set()
         self._housekeeping_task: asyncio.Future | None = None
+        self._stop_deadline: float | None = None
         self.started_at = time.time()
         #: SIGINT/SIGTERM/stop requests so far: the first drains, the third stops at once
         self._stop_requests = 0
@@ -100,6 +113,8 @@ class Daemon:
             kwargs.update(spark_child=spark.child, batch_processor_env=spark.batch_processor_env,
                           spark_settings=spark.settings)
         self.topology = topo_mod.build(self.config, stage_env=self._stage_env, **kwargs)
+        self.stop_budget = stopbudget.total(self.config.pipeline.shutdown_timeout,
+                                            self.topology.root)
 
     def _stage_env(self, stage_id: str) -> dict[str, str]:
         return {logs.LEVEL_ENV: self.config.runtime.log_level,
@@ -193,20 +208,35 @@ class Daemon:
     async def run(self) -> int:
         rt = self.config.runtime
         prepare_private_dir(rt.dir)
-        os.makedirs(rt.state_dir, mode=0o700, exist_ok=True)
-        self._build()
-        self.metrics_server = None
-        if self.config.metrics.listen:
-            self.metrics_dir = os.path.join(rt.dir, "metrics")
-            metrics.prepare_dir(self.metrics_dir)   # before any stage starts
-        self.hub = Hub(rt.dir, self.on_report)
-        self.hub.start()
-        self.root = Supervisor(self.topology.root, on_event=self.on_event)
-        self._tree: dict = self.root.snapshot()
-        if self.config.metrics.listen:
+        lock = runlock.acquire(rt.dir)   # first: a second daemon on this dir touches nothing
+        try:
+            return await self._run()
+        finally:
+            lock.release()
+
+    def _serve_metrics(self) -> None:
+        """Bind /metrics before anything else listens: a port in use leaves nothing behind."""
+        self.metrics_dir = os.path.join(self.config.runtime.dir, "metrics")
+        metrics.prepare_dir(self.metrics_dir)   # before any stage starts
+        try:
             # the HTTP thread reads a copy refreshed on the loop, never the live tree
             self.metrics_server = metrics.serve(self.config.metrics.listen, self.metrics_dir,
                                                 self.config.pipeline.name, lambda: self._tree)
+        except metrics.ListenError:
+            shutil.rmtree(self.metrics_dir, ignore_errors=True)
+            raise
+
+    async def _run(self) -> int:
+        rt = self.config.runtime
+        os.makedirs(rt.state_dir, mode=0o700, exist_ok=True)
+        self._build()
+        self.metrics_server = None
+        self.root = Supervisor(self.topology.root, on_event=self.on_event)
+        self._tree: dict = self.root.snapshot()
+        if self.config.metrics.listen:
+            self._serve_metrics()
+        self.hub = Hub(rt.dir, self.on_report)
+        self.hub.start()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop, sig.name)
@@ -240,7 +270,8 @@ class Daemon:
             return 0
         finally:
             self.notifier.stopping()
-            await self.root.stop()
+            self._announce_stop()
+            await self._stop_tree()
             if self._housekeeping_task is not None:
                 self._housekeeping_task.cancel()
             if self.metrics_server is not None:
@@ -321,6 +352,24 @@ class Daemon:
             self._announce_up()
             await asyncio.sleep(interval)
 
+    def _announce_stop(self) -> None:
+        """Tell systemd once, in full, how long this stop may take (the stop budget)."""
+        if self._stop_deadline is None:
+            self._stop_deadline = time.monotonic() + self.stop_budget
+            self.notifier.extend_timeout(self.stop_budget)
+
+    async def _stop_tree(self) -> None:
+        """Stop the tree within what is left of the budget; past it, SIGKILL the rest."""
+        assert self._stop_deadline is not None
+        left = self._stop_deadline - time.monotonic() - stopbudget.MARGIN
+        try:
+            await asyncio.wait_for(asyncio.shield(self.root.stop()), max(left, 0.1))
+        except TimeoutError:
+            log.error("stop budget of %.0fs spent: SIGKILL to every stage still running",
+                      self.stop_budget)
+            self.root.kill_now()
+            await self.root.stop()
+
     def request_stop(self, why: str = "stop") -> None:
         """First request: drain.  Second: say what is going on and how to cut it short.
         Third: stop now, without waiting for what is in flight (it stays unacked at the
@@ -347,7 +396,7 @@ class Daemon:
         deadline = time.monotonic() + timeout
         self.draining = True
         self.notifier.stopping()
-        self.notifier.extend_timeout(timeout + 10)
+        self._announce_stop()
         self.notifier.status("draining")
         for sid in self.topology.processors + self.topology.producers:
             self._drain_command(sid)

@@ -11,6 +11,7 @@ import sys
 from typing import Any, NoReturn
 
 from offbroadway.stages.logs import configure as configure_logging
+from offbroadway.stages.logs import prefix
 
 from . import control
 
@@ -36,7 +37,8 @@ def _load(path: str, *, full: bool = False):
     except OSError as exc:
         _fail(f"cannot read config {path}: {exc}", EXIT_CONFIG)
     for warning in loaded.warnings:
-        print(f"offbroadway: warning: {_one_line(warning)}", file=sys.stderr)
+        print(f"{prefix(logging.WARNING)}offbroadway: warning: {_one_line(warning)}",
+              file=sys.stderr)
     return (loaded.config, notes) if full else loaded.config
 
 
@@ -45,13 +47,16 @@ def _one_line(text: str) -> str:
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
-    print(f"offbroadway: {_one_line(message)}", file=sys.stderr)
+    print(f"{prefix(logging.ERROR)}offbroadway: {_one_line(message)}", file=sys.stderr)
     sys.exit(code)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     config, notes = _load(args.config, full=True)
-    print(f"{args.config}: ok (pipeline {config.pipeline.name})")
+    from .app import stop_budget
+
+    print(f"{args.config}: ok (pipeline {config.pipeline.name}; a stop takes at most "
+          f"{stop_budget(config):.0f} s)")
     for note in notes:
         print(f"  not checked: {note}")
     return 0
@@ -60,11 +65,11 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     config, _notes = _load(args.config, full=True)
     configure_logging(config.runtime.log_level, config.runtime.log_format, "daemon")
-    from .app import Daemon, RuntimeDirError
+    from .app import START_ERRORS, Daemon
 
     try:
         return asyncio.run(Daemon(config, until_idle=args.until_idle).run())
-    except RuntimeDirError as exc:
+    except START_ERRORS as exc:
         logging.getLogger("offbroadway.daemon").error("%s", exc)
         return 1
 

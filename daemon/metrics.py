@@ -32,6 +32,10 @@ from .spark import SPARK_CHILD_ID
 log = logging.getLogger("offbroadway.daemon.metrics")
 
 
+class ListenError(RuntimeError):
+    """``metrics.listen`` cannot be bound (port in use, address not local...)."""
+
+
 def prepare_dir(path: str) -> None:
     """Empty, private multiprocess dir; set in our environment before prometheus import."""
     shutil.rmtree(path, ignore_errors=True)
@@ -156,7 +160,11 @@ def serve(listen: str, path: str, pipeline: str, snapshot: Callable[[], dict]) -
     MultiProcessCollector(registry, path=path)
     registry.register(TreeCollector(pipeline, snapshot))
     host, _, port = listen.rpartition(":")
-    server = MetricsServer(host.strip("[]"), int(port), make_wsgi_app(registry))
+    try:
+        server = MetricsServer(host.strip("[]"), int(port), make_wsgi_app(registry))
+    except OSError as exc:
+        raise ListenError(f"metrics.listen = {listen!r}: cannot listen there: "
+                          f"{exc.strerror or exc}") from None
     log.info("metrics on http://%s/metrics", listen)
     return server
 

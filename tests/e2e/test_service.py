@@ -82,6 +82,14 @@ def test_sd_notify_ready_watchdog_stopping_and_metrics_that_add_up(short_tmp: Pa
         notify.close()
     assert "STOPPING=1" in messages
     assert any(m.startswith("STATUS=") for m in messages)
+    # the whole stop budget, announced once (drain + every stage's grace; see stopbudget)
+    from offbroadway.daemon.app import stop_budget
+    from offbroadway.daemon.config import load_config
+
+    budget = stop_budget(load_config(str(config)).config)
+    assert budget > 20 + 10                      # shutdown_timeout and more
+    extends = [m for m in messages if m.startswith("EXTEND_TIMEOUT_USEC=")]
+    assert extends == [f"EXTEND_TIMEOUT_USEC={int(budget * 1_000_000)}"], extends
 
 
 def test_operator_restart_of_a_processor_restarts_its_one_for_all_siblings(
@@ -157,7 +165,7 @@ def test_top_shows_the_tree_in_a_terminal(short_tmp: Path) -> None:
 def test_the_unit_passes_systemd_analyze_verify(short_tmp: Path) -> None:
     unit = (REPO / "systemd" / "offbroadway@.service").read_text()
     exe = shutil.which("offbroadway") or str(Path(sys.executable).parent / "offbroadway")
-    unit = unit.replace("/usr/local/bin/offbroadway", exe)
+    unit = unit.replace("/opt/offbroadway/bin/offbroadway", exe)
     path = short_tmp / "offbroadway@orders.service"
     path.write_text(unit)
     out = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True,

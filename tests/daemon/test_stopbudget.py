@@ -1,0 +1,32 @@
+"""The stop budget is the drain plus every stage's grace, read from the specs the
+supervisors obey (daemon/stopbudget.py)."""
+
+from __future__ import annotations
+
+from offbroadway.daemon import stopbudget
+from offbroadway.daemon.app import stop_budget
+from offbroadway.daemon.config import load_config
+from offbroadway.supervision.spec import BRUTAL_KILL, Strategy, SupervisorSpec, WorkerSpec
+
+from tests.conftest import REPO
+
+
+def w(i: str, shutdown: float | str = 5.0) -> WorkerSpec:
+    return WorkerSpec(id=i, argv=("true",), shutdown=shutdown)
+
+
+def test_workers_stop_one_after_the_other_and_a_supervisor_shutdown_caps_its_subtree():
+    inner = SupervisorSpec(id="inner", strategy=Strategy.ONE_FOR_ALL,
+                           children=[w("a", 30.0), w("b", 30.0)], shutdown=10.0)
+    root = SupervisorSpec(id="root", strategy=Strategy.REST_FOR_ONE,
+                          children=[w("x"), w("y", BRUTAL_KILL), inner])
+    assert stopbudget.tree_bound(inner) == 10.0 + 2 * stopbudget.KILL_SLACK
+    assert stopbudget.tree_bound(root) == (5.0 + 1.0) + 1.0 + 12.0
+    assert stopbudget.total(7.0, root) == 7.0 + 19.0 + stopbudget.MARGIN
+
+
+def test_the_example_config_budget():
+    """60 s drain + batch processor 60 s + Spark 15 s + producer, two processors and the
+    batcher 5 s each, 1 s per stage to reap, 5 s for the daemon: what check prints."""
+    config = load_config(str(REPO / "config" / "example.toml")).config
+    assert stop_budget(config) == 60 + (60 + 15 + 4 * 5) + 6 * 1 + 5 == 166
