@@ -98,8 +98,10 @@ class Daemon:
         #: SIGINT/SIGTERM/stop requests so far: the first drains, the third stops at once
         self._stop_requests = 0
         self._abort = False
-        #: "pipeline is up" is said once every producer's source is connected
+        #: "pipeline is up" is said once every producer's source is connected; until then
+        #: "waiting for its source", once
         self._announced_up = False
+        self._said_waiting = False
 
     # -- wiring -----------------------------------------------------------------------------
     def _build(self) -> None:
@@ -327,10 +329,13 @@ class Daemon:
         if reported and not down:
             self._announced_up = True
             log.info("pipeline %s is up: %d stages", name, len(self.topology.stages))
-        elif down and not getattr(self, "_said_waiting", False):
+            if self._said_waiting:
+                self.notifier.status(f"pipeline {name} running")
+        elif down and not self._said_waiting:
             self._said_waiting = True
             log.warning("pipeline %s: %d stages started, not up: waiting for its source "
                         "(%s)", name, len(self.topology.stages), "; ".join(down))
+            self.notifier.status(f"pipeline {name} waiting for its source")
 
     def _remove_sockets(self) -> None:
         """A clean exit leaves no socket behind (every stage is stopped by now)."""

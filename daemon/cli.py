@@ -161,6 +161,12 @@ def cmd_top(args: argparse.Namespace) -> int:
 
     from .top import run_top
 
+    # curses believes LINES/COLUMNS from the environment over the terminal itself, and a
+    # stale pair (exported by a shell, inherited through tmux) would fit the view to the
+    # wrong size and ignore resizes: ask the terminal
+    os.environ.pop("LINES", None)
+    os.environ.pop("COLUMNS", None)
+
     try:
         gone = curses.wrapper(run_top, path, status, rates.update, args.interval)
     except KeyboardInterrupt:

@@ -7,6 +7,7 @@ emulator: what ``capture-pane`` returns is what an operator would see.
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
@@ -51,6 +52,9 @@ class Tmux:
 
     def close(self) -> None:
         self.run("kill-server")
+        # tmux leaves its socket file behind
+        path = Path(os.environ.get("TMUX_TMPDIR", "/tmp")) / f"tmux-{os.getuid()}" / self.name
+        path.unlink(missing_ok=True)
 
 
 def top_command(sock: Path, exit_file: Path) -> str:
