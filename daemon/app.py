@@ -31,7 +31,8 @@ import time
 from typing import Any
 
 from offbroadway.stages import blame as blame_mod
-from offbroadway.stages import logs
+from offbroadway.stages import logs, ratelimit
+from offbroadway.stages.ratelimit import SharedRateLimit
 from offbroadway.supervision import SupervisionError, Supervisor
 
 from . import control, metrics, runlock, stopbudget
@@ -95,6 +96,7 @@ class Daemon:
         self._housekeeping_task: asyncio.Future | None = None
         self._stop_deadline: float | None = None
         self.started_at = time.time()
+        self.rate_limit: SharedRateLimit | None = None
         #: SIGINT/SIGTERM/stop requests so far: the first drains, the third stops at once
         self._stop_requests = 0
         self._abort = False
@@ -223,10 +225,15 @@ class Daemon:
         try:
             # the HTTP thread reads a copy refreshed on the loop, never the live tree
             self.metrics_server = metrics.serve(self.config.metrics.listen, self.metrics_dir,
-                                                self.config.pipeline.name, lambda: self._tree)
+                                                self.config.pipeline.name, lambda: self._tree,
+                                                rate_limit=self._rate_bucket)
         except metrics.ListenError:
             shutil.rmtree(self.metrics_dir, ignore_errors=True)
             raise
+
+    def _rate_bucket(self) -> ratelimit.Bucket:
+        """The shared rate limit as /metrics reads it (off until the daemon made it)."""
+        return self.rate_limit.read() if self.rate_limit is not None else ratelimit.Bucket()
 
     async def _run(self) -> int:
         rt = self.config.runtime
@@ -237,6 +244,8 @@ class Daemon:
         self._tree: dict = self.root.snapshot()
         if self.config.metrics.listen:
             self._serve_metrics()
+        # before any producer starts: each maps it at setup
+        self.rate_limit = SharedRateLimit.create(rt.dir, self.config.producer.rate_limit)
         self.hub = Hub(rt.dir, self.on_report)
         self.hub.start()
         loop = asyncio.get_running_loop()
@@ -281,6 +290,8 @@ class Daemon:
             self.control.close()
             self.hub.close()
             self._remove_sockets()
+            if self.rate_limit is not None:
+                self.rate_limit.remove()
             log.info("pipeline %s stopped", name)
 
     async def _start_unless_stopped(self) -> bool:
@@ -499,6 +510,8 @@ class Daemon:
             for b in self.topology.batchers:
                 self.hub.command(b, "flush")
             return {"ok": True, "message": "draining: nothing new is fetched until resume"}
+        if cmd == "rate_limit":
+            return self._rate_limit_command(req)
         if cmd == "resume":
             if not self.paused:
                 return {"ok": True, "message": "nothing to resume: the pipeline was not "
@@ -509,6 +522,20 @@ class Daemon:
                 self.hub.command(p, "resume")
             return {"ok": True, "message": "resumed: fetching again"}
         return {"ok": False, "error": f"unknown command {cmd!r}"}
+
+    def _rate_limit_command(self, req: dict) -> dict:
+        """Read the pipeline's rate limit, or change it (``limit``: "N/SECONDS" or "off");
+        a change starts a fresh window at once."""
+        if "limit" in req:
+            try:
+                limit = ratelimit.parse(str(req["limit"]))
+            except ValueError as exc:
+                return {"ok": False, "error": str(exc)}
+            assert self.rate_limit is not None    # made before the control socket
+            self.rate_limit.set(limit)
+            log.info("rate limit %s (offbroadway rate-limit)",
+                     f"{limit[0]} messages per {limit[1]:g}s" if limit else "off")
+        return {"ok": True, "rate_limit": ratelimit.describe(self._rate_bucket())}
 
     def status(self) -> dict:
         """``{"pipeline": NAME, "tree": NODE}`` per the interface contract (§10)."""
@@ -521,6 +548,7 @@ class Daemon:
         producers = self.topology.producers
         return {"pipeline": self.config.pipeline.name, "tree": tree,
                 "draining": self.draining, "paused": self.paused,
+                "rate_limit": ratelimit.describe(self._rate_bucket()),
                 "stopping": self._stop.is_set(), "pid": os.getpid(),
                 "uptime": time.time() - self.started_at,
                 "acked": self.totals.sum(producers, "acked"),

@@ -264,6 +264,28 @@ def _version() -> str:
         return "unknown"
 
 
+def cmd_rate_limit(args: argparse.Namespace) -> int:
+    """Read the running pipeline's rate limit, or change it (``N/SECONDS`` or ``off``)."""
+    from offbroadway.stages.ratelimit import parse
+
+    payload: dict[str, Any] = {"cmd": "rate_limit"}
+    if args.limit is not None:
+        try:
+            parse(args.limit)       # a typo is refused here, before the daemon is asked
+        except ValueError as exc:
+            _fail(str(exc), EXIT_CONFIG)
+        payload["limit"] = args.limit
+    print(f"rate limit: {describe_rate_limit(_call(args, payload)['rate_limit'])}")
+    return 0
+
+
+def describe_rate_limit(r: dict | None) -> str:
+    if not r or r.get("allowed_messages") is None:
+        return f"off (throttled {r.get('throttled', 0) if r else 0} times)"
+    return (f"{r['allowed_messages']} messages per {r['interval']:g}s, all producers "
+            f"together (throttled {r['throttled']} times)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="offbroadway", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"offbroadway {_version()}")
@@ -315,6 +337,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="give up waiting after this long, exit 1 (default: wait)")
     target(stop)
     stop.set_defaults(fn=cmd_stop)
+    rate = sub.add_parser("rate-limit", help="show or change the pipeline's rate limit")
+    rate.add_argument("limit", nargs="?", metavar="N/SECONDS|off",
+                      help="e.g. 500/1 for 500 messages a second; off removes the limit")
+    target(rate)
+    rate.set_defaults(fn=cmd_rate_limit)
     for verb, text in (("drain", "stop fetching, finish what is in flight, stay up"),
                        ("resume", "fetch again after a drain")):
         p = sub.add_parser(verb, help=text)

@@ -66,6 +66,8 @@ class ProducerConfig:
     buffer_size: int = 10_000
     max_restarts: int = 3
     max_seconds: float = 5.0
+    #: (allowed_messages, interval seconds) shared by all producers, or None: no limit
+    rate_limit: tuple[int, float] | None = None
 
 
 #: a processor's default budget: frames of hundreds of events keep the data plane at frame
@@ -315,9 +317,24 @@ def _producer(t: _Table) -> ProducerConfig:
         dispatcher=t.get("dispatcher", str, "spread", check=_one_of(DISPATCHERS)),
         buffer_size=t.get("buffer_size", int, 10_000, check=_positive),
         max_restarts=t.get("max_restarts", int, 3, check=_non_negative),
-        max_seconds=t.get("max_seconds", float, 5.0, check=_positive))
+        max_seconds=t.get("max_seconds", float, 5.0, check=_positive),
+        rate_limit=_rate_limit(t))
     t.done()
     return out
+
+
+def _rate_limit(t: _Table) -> tuple[int, float] | None:
+    """``rate_limit = { allowed_messages = N, interval = seconds }`` (Broadway's
+    ``rate_limiting``): at most N messages fetched per interval by all producers together."""
+    raw = t.get("rate_limit", dict, None)
+    if raw is None:
+        return None
+    r = _Table(raw, t.key("rate_limit"))
+    allowed = r.get("allowed_messages", int, required=True, check=_positive)
+    interval = r.get("interval", float, required=True, check=lambda v: None if
+                     0 < v <= 86400 else "must be more than 0 and at most 86400 seconds")
+    r.done()
+    return allowed, interval
 
 
 def _processors(t: _Table) -> dict[str, ProcessorConfig]:

@@ -21,7 +21,7 @@ import selectors
 import shutil
 import socket
 import threading
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import psutil
@@ -151,7 +151,35 @@ class MetricsServer:
         self._wake_w.close()
 
 
-def serve(listen: str, path: str, pipeline: str, snapshot: Callable[[], dict]) -> MetricsServer:
+class RateLimitCollector:
+    """The pipeline's shared rate limit, read from its shared file at each scrape."""
+
+    def __init__(self, pipeline: str, read: Callable[[], Any]) -> None:
+        self.pipeline = pipeline
+        self.read = read
+
+    def collect(self) -> Iterator[object]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        b = self.read()
+        labels = ("pipeline",)
+        allowed = GaugeMetricFamily(
+            "offbroadway_rate_limit_allowed_messages",
+            "Messages all producers may fetch per interval (-1: no limit).", labels=labels)
+        allowed.add_metric((self.pipeline,), float(b.allowed))
+        interval = GaugeMetricFamily("offbroadway_rate_limit_interval_seconds",
+                                     "The rate limit's interval.", labels=labels)
+        interval.add_metric((self.pipeline,), b.interval_ns / 1e9)
+        throttled = CounterMetricFamily(
+            "offbroadway_rate_limit_throttled",
+            "Fetches the rate limit cut short (the budget of the interval was spent).",
+            labels=labels)
+        throttled.add_metric((self.pipeline,), float(b.throttled))
+        yield from (allowed, interval, throttled)
+
+
+def serve(listen: str, path: str, pipeline: str, snapshot: Callable[[], dict], *,
+          rate_limit: Callable[[], Any] | None = None) -> MetricsServer:
     """Start the HTTP listener in a background thread; returns the server (``shutdown()``)."""
     from prometheus_client import CollectorRegistry, make_wsgi_app
     from prometheus_client.multiprocess import MultiProcessCollector
@@ -159,6 +187,8 @@ def serve(listen: str, path: str, pipeline: str, snapshot: Callable[[], dict]) -
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=path)
     registry.register(TreeCollector(pipeline, snapshot))
+    if rate_limit is not None:
+        registry.register(RateLimitCollector(pipeline, rate_limit))
     host, _, port = listen.rpartition(":")
     try:
         server = MetricsServer(host.strip("[]"), int(port), make_wsgi_app(registry))

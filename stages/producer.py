@@ -34,6 +34,7 @@ from .dispatch import (
 )
 from .downstream import Downstream
 from .inflight import InFlightTable
+from .ratelimit import SharedRateLimit
 from .sources import get_source
 from .spec import StageSpec
 from .stage import Stage, load_handler
@@ -65,6 +66,7 @@ class ProducerStage(Stage):
         else:
             self.dispatcher = SpreadDispatcher(offset=spec.index)
         self.inflight: InFlightTable = InFlightTable()
+        self.rate: SharedRateLimit | None = None
         self.buffer: list[list] = []
         #: token -> why, for emitted events that are already failed (a source's bad line, a
         #: poison verdict, data msgpack cannot carry): a frame says the status of all its
@@ -92,6 +94,8 @@ class ProducerStage(Stage):
 
     # -- lifecycle ------------------------------------------------------------------------------
     def setup(self) -> None:
+        #: the pipeline's shared rate limit (:mod:`.ratelimit`), when the daemon made one
+        self.rate = SharedRateLimit.attach(self.spec.runtime_dir)
         self.source.open()
         self.downstream = Downstream(self, self.dispatcher, self._on_frame, self._on_burst,
                                      self._on_return)
@@ -182,11 +186,17 @@ class ProducerStage(Stage):
             self._maybe_cancel_consumers()
             return
         want = self.dispatcher.demand - len(self.buffer)
+        if want > 0 and self.rate is not None:
+            asked, want = want, self.rate.take(want)
+            if want < asked:      # the pipeline's budget is spent until the next window
+                self._retry_at(self.rate.next_window_in())
         if want <= 0:
             if self.source.fileno() is not None:
                 self.source.fetch(0)   # clears a push source's wake-up: no level-triggered spin
             return
         items = self.source.fetch(want)
+        if self.rate is not None and len(items) < want:
+            self.rate.give_back(want - len(items))
         if items:
             self.counters["in"] += len(items)
             self.buffer.extend(self._to_events(items))
@@ -194,6 +204,11 @@ class ProducerStage(Stage):
         if len(items) < want and self.source.fileno() is None and not self._retry_pending:
             self._retry_pending = True
             self.call_later(self.source.retry_after(), self._retry)
+
+    def _retry_at(self, delay: float) -> None:
+        if not self._retry_pending:
+            self._retry_pending = True
+            self.call_later(delay, self._retry)
 
     def _retry(self) -> None:
         self._retry_pending = False

@@ -125,3 +125,18 @@ def test_nats_gets_the_auto_prefetch_and_the_starvation_warning() -> None:
     raw["producer"]["options"] = {"stream": "orders", "prefetch": 5}
     warnings = validate(raw).warnings
     assert any("producer.options.prefetch:" in w and "starve" in w for w in warnings)
+
+
+def test_rate_limit_is_validated() -> None:
+    assert validate(BASE).config.producer.rate_limit is None
+    raw = with_("producer.rate_limit", {"allowed_messages": 500, "interval": 1})
+    assert validate(raw).config.producer.rate_limit == (500, 1.0)
+    for bad, key in [({"allowed_messages": 0, "interval": 1}, "allowed_messages"),
+                     ({"allowed_messages": 5}, "interval"),
+                     ({"allowed_messages": 5, "interval": 0}, "interval"),
+                     ({"allowed_messages": 5, "interval": 1, "burst": 2}, "burst"),
+                     ({"allowed_messages": True, "interval": 1}, "allowed_messages")]:
+        with pytest.raises(ConfigError, match=rf"^producer\.rate_limit\.{key}"):
+            validate(with_("producer.rate_limit", bad))
+    with pytest.raises(ConfigError, match=r"^producer\.rate_limit"):
+        validate(with_("producer.rate_limit", "500/1"))

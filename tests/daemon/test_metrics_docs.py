@@ -10,7 +10,10 @@ from offbroadway.stages.metrics import COUNTERS, GAUGES, HISTOGRAMS
 from tests.conftest import REPO
 
 DAEMON_METRICS = {"offbroadway_child_up", "offbroadway_child_restarts_total",
-                  "offbroadway_child_resident_memory_bytes", "offbroadway_child_cpu_seconds_total"}
+                  "offbroadway_child_resident_memory_bytes", "offbroadway_child_cpu_seconds_total",
+                  "offbroadway_rate_limit_allowed_messages",
+                  "offbroadway_rate_limit_interval_seconds",
+                  "offbroadway_rate_limit_throttled_total"}
 
 
 def exported() -> set[str]:
