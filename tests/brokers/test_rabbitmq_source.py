@@ -282,3 +282,40 @@ def test_unreachable_at_start_then_network_drop(rabbit: Rabbit, sources: Any) ->
         assert rabbit.ready(q) == 0
     finally:
         proxy.down()
+
+
+# -- acks as multiple acks --------------------------------------------------------------------
+def test_out_of_order_acks_go_as_one_multiple_ack(rabbit: Rabbit, sources: Any) -> None:
+    """Two processors finish their frames in either order: the second half settled before
+    the first still makes one ``multiple`` ack frame, not 500 single ones."""
+    q = rabbit.queue()
+    rabbit.publish(q, 1000)
+    src = make(q, sources, prefetch_count=1000)
+    items: list = []
+    consume(src, 1000, items.extend, batch=1000)
+    handles = [h for *_, h in items]
+    src.ack(handles[500:] + handles[:500])
+    wait_until(lambda: src.stats()["acked"] == 1000 and src.stats()["acks_pending"] == 0,
+               timeout=20, message="every ack sent")
+    assert src.stats()["ack_frames"] == 1
+    assert src.stats()["acked"] == 1000
+    src.close()
+    assert rabbit.take_all(q) == []
+
+
+def test_acks_behind_a_long_job_are_not_held(rabbit: Rabbit, sources: Any) -> None:
+    """The first message is still running: the acks behind it go out on their own (after
+    ``_ACK_DELAY``) instead of waiting for it, and only it comes back at close."""
+    q = rabbit.queue()
+    rabbit.publish(q, 300)
+    src = make(q, sources, prefetch_count=300)
+    items: list = []
+    consume(src, 300, items.extend, batch=300)
+    assert items[0][0] == "m0"
+    src.ack([h for *_, h in items[1:]])
+    wait_until(lambda: src.stats()["acked"] == 299 and src.stats()["acks_pending"] == 0,
+               timeout=20, message="the acks behind the open tag sent")
+    stats = src.stats()
+    assert (stats["acked"], stats["unacked"], stats["ack_frames"]) == (299, 1, 299)
+    src.close()
+    assert rabbit.take_all(q) == ["m0"]
