@@ -33,9 +33,16 @@ from typing import Any
 from offbroadway.stages import blame as blame_mod
 from offbroadway.stages import logs, ratelimit
 from offbroadway.stages.ratelimit import SharedRateLimit
-from offbroadway.supervision import SupervisionError, Supervisor
+from offbroadway.supervision import (
+    ChildExited,
+    ChildStarted,
+    Restarting,
+    SupervisionError,
+    Supervisor,
+)
 
 from . import control, metrics, runlock, stopbudget
+from . import reactions as reactions_mod
 from . import topology as topo_mod
 from .hub import Hub
 from .notify import Notifier
@@ -90,9 +97,6 @@ class Daemon:
         self._idle_event = asyncio.Event()
         self._progress = asyncio.Event()
         self.exit_reason: str | None = None
-        #: processors not yet restarted since one died unexpectedly; producers hold their
-        #: suspects until it is empty, so no doomed sibling runs one uncounted
-        self._restarting: set[str] = set()
         self._housekeeping_task: asyncio.Future | None = None
         self._stop_deadline: float | None = None
         self.started_at = time.time()
@@ -119,6 +123,8 @@ class Daemon:
         self.topology = topo_mod.build(self.config, stage_env=self._stage_env, **kwargs)
         self.stop_budget = stopbudget.total(self.config.pipeline.shutdown_timeout,
                                             self.topology.root)
+        self.reactions = reactions_mod.Reactions(
+            self.topology, self.config.processors[topo_mod.PROCESSOR_KEY].max_crashes)
 
     def _stage_env(self, stage_id: str) -> dict[str, str]:
         return {logs.LEVEL_ENV: self.config.runtime.log_level,
@@ -145,61 +151,50 @@ class Daemon:
             self._drain_command(stage_id)
 
     def on_event(self, event: Any) -> None:
-        """Supervision events: turn stage exits and restarts into pipeline reactions."""
-        kind = type(event).__name__
-        child_id = getattr(event, "child_id", None) or getattr(event, "id", None)
-        role = self.topology.roles.get(child_id or "")
-        if kind == "ChildExited" and self.metrics_server is not None:
-            metrics.process_dead(event.pid, self.metrics_dir)
-        if kind == "ChildExited" and role in ("processor", "batcher", "batch_processor", "spark"):
-            self.idle.clear()
-            blames = self._blame(event) if role == "processor" else {}
-            max_crashes = self.config.processors[topo_mod.PROCESSOR_KEY].max_crashes
-            hold = bool(max_crashes and role == "processor" and not event.expected)
-            if hold:
-                # one_for_all with max_restarts 0: every processor is about to restart
-                self._restarting = set(self.topology.processors)
-            for i, p in enumerate(self.topology.producers):
-                extra: dict[str, Any] = {"hold": True} if hold else {}
-                if i in blames:
-                    extra.update(blame=blames[i], max_crashes=max_crashes)
-                self.hub.command(p, "requeue", reason=f"{child_id} exited", **extra)
-        elif kind == "ChildStarted" and role == "producer":
-            for c in self.topology.processors:
-                self.hub.command(c, "resubscribe", producer=child_id)
-        elif kind == "ChildStarted" and role == "processor":
-            for b in self.topology.batchers:
-                self.hub.command(b, "resubscribe", producer=child_id)
-            if self._restarting:
-                self._restarting.discard(child_id)
-                if not self._restarting:
-                    for p in self.topology.producers:
-                        self.hub.command(p, "release")
+        """Supervision events: the pure reactions (:mod:`.reactions`) decide, this sends."""
+        if isinstance(event, ChildExited):
+            if self.metrics_server is not None:
+                metrics.process_dead(event.pid, self.metrics_dir)
+            role = self.topology.roles.get(event.child_id)
+            if role in reactions_mod.DOWNSTREAM or role == "spark":
+                self.idle.clear()
+            record = self._blame_record(event) if role == "processor" else None
+            self._send(self.reactions.exited(event.child_id, event.expected, event.reason,
+                                             record))
+        elif isinstance(event, ChildStarted):
+            self._send(self.reactions.started(event.child_id))
+        elif isinstance(event, Restarting):
+            self._send(self.reactions.restarting(event.supervisor_id, event.children,
+                                                 event.reason))
 
-    def _blame(self, event: Any) -> dict[int, dict]:
-        """What a processor that died on its own was running, per producer index.
+    def _send(self, commands: list[reactions_mod.Command]) -> None:
+        for c in commands:
+            if not self.hub.command(c.stage, c.name, **c.args):
+                # the stage is not connected to the hub: it is down or starting.  A requeue
+                # or release then has nothing to do (a restarting producer's source takes
+                # back what it had in flight, and it starts with nothing held); a
+                # restarting consumer subscribes on its own.  Said, not dropped silently.
+                log.warning("%s not connected: command %s not delivered (%s)", c.stage,
+                            c.name, c.args.get("reason", "it subscribes afresh when up"))
+
+    def _blame_record(self, event: ChildExited) -> blame_mod.Blame | None:
+        """What a processor that died on its own was running (its blame record).
 
         Only an unexpected exit blames anyone: a processor its supervisor stopped (a
         sibling's crash under one_for_all, a drain) died of nothing it was running.  The
-        record is read and removed here, before any restart, so a later incarnation that
-        dies before writing its own cannot blame the same message twice.
+        record is read and removed at every exit, before any restart, so a later
+        incarnation that dies before writing its own cannot blame the same message twice.
         """
         record = blame_mod.take(blame_mod.path(self.config.runtime.dir, event.child_id))
         if event.expected or record is None or not record.suspects:
-            return {}
-        out: dict[int, dict] = {}
-        for s in record.suspects:
-            entry = out.setdefault(s.producer, {
-                "child": event.child_id, "how": event.reason, "kind": record.kind,
-                "frame_size": record.frame_size, "suspects": []})
-            entry["suspects"].append([s.token, s.id])
+            return None
         if record.kind == "handle_message":
             log.warning("%s %s while running message %s", event.child_id, event.reason,
                         record.suspects[0].id)
         else:
-            log.warning("%s %s in prepare_messages of a frame of %d messages",
-                        event.child_id, event.reason, record.frame_size)
-        return out
+            log.warning("%s %s in %s of a frame of %d messages", event.child_id, event.reason,
+                        record.kind, record.frame_size)
+        return record
 
     def _drain_command(self, stage_id: str) -> None:
         role = self.topology.roles.get(stage_id)
@@ -493,8 +488,11 @@ class Daemon:
             if child_id == "terminator":
                 return {"ok": False,
                         "error": "terminator runs inside the daemon; nothing to restart"}
+            # the same cascade as a crash of child_id (a processor's restart goes through
+            # ProcessorSupervisor, so the batchers restart too), with one requeue
             try:
-                await self.root.restart_subtree_or_child(child_id)
+                await self.root.restart_subtree_or_child(
+                    self.reactions.operator_restart(child_id))
             except SupervisionError as exc:   # stopping, or a supervisor already gave up
                 return {"ok": False, "error": f"cannot restart {child_id}: {exc}"}
             return {"ok": True}

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "Supervisor": "supervisor", "ChildInfo": "supervisor",
     "ChildStarted": "events", "ChildExited": "events", "SupervisorGaveUp": "events",
+    "Restarting": "events",
     "StartError": "errors", "SupervisionError": "errors", "SpecError": "errors",
     "WorkerSpec": "spec", "SupervisorSpec": "spec", "ChildSpec": "spec", "Restart": "spec",
     "Strategy": "spec", "Shutdown": "spec", "BRUTAL_KILL": "spec", "INFINITY": "spec",
@@ -21,14 +22,15 @@ _EXPORTS = {
 
 __all__ = [
     "BRUTAL_KILL", "INFINITY", "ChildExited", "ChildInfo", "ChildSpec", "ChildStarted",
-    "ExitStatus", "Restart", "RestartIntensity", "Shutdown", "SpecError", "StartError", "Strategy",
+    "ExitStatus", "Restart", "RestartIntensity", "Restarting", "Shutdown", "SpecError",
+    "StartError", "Strategy",
     "SupervisionError", "Supervisor", "SupervisorGaveUp", "SupervisorSpec", "Worker",
     "WorkerSpec",
 ]
 
 if TYPE_CHECKING:
     from .errors import SpecError, StartError, SupervisionError
-    from .events import ChildExited, ChildStarted, SupervisorGaveUp
+    from .events import ChildExited, ChildStarted, Restarting, SupervisorGaveUp
     from .intensity import RestartIntensity
     from .process import ExitStatus
     from .spec import (

@@ -44,3 +44,15 @@ class SupervisorGaveUp:
 
     supervisor_id: str
     reason: str
+
+
+@dataclass(frozen=True)
+class Restarting:
+    """A supervisor carried out the terminations of a restart plan (a crash, a child's
+    give-up, an operator's restart, a retry) and is about to start ``children`` in that
+    order.  Every process the plan stopped, and the one that failed, is gone by now, and
+    none has started again: the one moment a whole cascade is known to be down."""
+
+    supervisor_id: str
+    children: tuple[str, ...]
+    reason: str

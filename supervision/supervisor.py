@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, Union
 
 from .errors import SpecError, StartError, SupervisionError
-from .events import SupervisorGaveUp
+from .events import Restarting, SupervisorGaveUp
 from .intensity import RestartIntensity
 from .spec import (
     BRUTAL_KILL,
@@ -320,6 +320,9 @@ class Supervisor:
         starting = [self._child(cid) for cid in plan.start]
         for node in starting:
             node.state = "restarting"
+        # every process the plan stops is gone: the owner can hand back what they held,
+        # once, before any of them runs again
+        self.emit(Restarting(self.id, tuple(plan.start), reason))
         for i, node in enumerate(starting):
             try:
                 await node.start()

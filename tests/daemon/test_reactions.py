@@ -1,0 +1,216 @@
+"""The daemon's reactions to supervision events, without processes: exactly one requeue
+per producer per crash cascade, none on a planned stop, the same cascade for an operator's
+restart as for a crash, resubscribe only to stages that are up, poison blame carried once."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from offbroadway.daemon import topology as topo_mod
+from offbroadway.daemon.config import validate
+from offbroadway.daemon.reactions import Reactions, cascade, restart_target
+from offbroadway.stages.blame import Blame, Suspect
+
+P, C, B = 2, 3, 2   # producers, processors, batchers (each with 2 batch processors)
+
+
+def _topology(max_crashes: int = 3, batchers: int = B) -> topo_mod.Topology:
+    raw = {
+        "pipeline": {"name": "t", "handler": "examples.orders:Orders"},
+        "producer": {"source": "spool", "options": {"path": "var/spool"}, "concurrency": P},
+        "processors": {"default": {"concurrency": C, "max_crashes": max_crashes}},
+        "batchers": {f"b{i}": {"batch_size": 10, "concurrency": 2} for i in range(batchers)},
+        "runtime": {"dir": "/tmp/ob-run"},
+    }
+    return topo_mod.build(validate(raw).config)
+
+
+def _up(r: Reactions) -> None:
+    for sid in r.topology.stages:
+        r.started(sid)
+
+
+def _crash_cascade(r: Reactions, crashed: str, record: Blame | None = None,
+                   operator: bool = False) -> list:
+    """Play the events the supervision tree emits for a crash (or an operator restart) of
+    ``crashed``: its exit, its cascade's exits in reverse start order, the ``Restarting``
+    of the supervisor that carries the plan out, then the starts."""
+    out = []
+    members = [s for s in cascade(r.tree, crashed) if s in r.topology.stages]
+    target = restart_target(r.tree, crashed)
+    if operator:
+        assert r.operator_restart(crashed) == target
+        exits = list(reversed(members))
+    else:
+        out += r.exited(crashed, expected=False, reason="killed by SIGKILL", record=record)
+        exits = [s for s in reversed(members) if s != crashed]
+    for sid in exits:
+        out += r.exited(sid, expected=True, reason="exited normally (code 0)")
+    out += r.restarting(r.tree.parent[target].id, (target,), "a plan")
+    for sid in members:
+        out += r.started(sid)
+    return out
+
+
+def _names(cmds) -> Counter:
+    return Counter((c.stage, c.name) for c in cmds)
+
+
+def test_a_processor_crash_cascade_is_every_downstream_stage() -> None:
+    t = _topology()
+    r = Reactions(t)
+    assert set(cascade(r.tree, "processor_default_1")) == set(
+        t.processors + t.batchers + t.batch_processors)
+    assert restart_target(r.tree, "processor_default_1") == "ProcessorSupervisor"
+    # a batch processor: its one_for_all siblings only; a batcher: itself and its own
+    assert set(cascade(r.tree, "batch_processor_b0_1")) == {"batch_processor_b0_0",
+                                                          "batch_processor_b0_1"}
+    assert set(cascade(r.tree, "batcher_b1")) == {"batcher_b1", "batch_processor_b1_0",
+                                                "batch_processor_b1_1"}
+    # a producer: itself only (one_for_one)
+    assert cascade(r.tree, "producer_1") == ["producer_1"]
+
+
+@pytest.mark.parametrize("crashed", ["processor_default_0", "processor_default_2", "batcher_b0",
+                                     "batch_processor_b1_0"])
+def test_one_requeue_per_producer_per_crash_cascade(crashed: str) -> None:
+    r = Reactions(_topology())
+    _up(r)
+    cmds = _crash_cascade(r, crashed)
+    requeues = [c for c in cmds if c.name == "requeue"]
+    assert _names(requeues) == Counter({(p, "requeue"): 1 for p in r.topology.producers})
+    # sent once the last member exited, before any member started again
+    first_start = next((i for i, c in enumerate(cmds) if c.name == "resubscribe"), len(cmds))
+    assert all(cmds.index(c) < first_start for c in requeues)
+
+
+def test_exits_send_nothing_the_restart_sends_one_requeue() -> None:
+    r = Reactions(_topology())
+    _up(r)
+    assert r.exited("processor_default_1", expected=False, reason="killed") == []
+    for sid in reversed(cascade(r.tree, "processor_default_1")):
+        if sid != "processor_default_1":
+            assert r.exited(sid, expected=True) == []
+    cmds = r.restarting("PipelineSupervisor", ("ProcessorSupervisor", "BatchersSupervisor"))
+    assert [(c.stage, c.name) for c in cmds] == [(p, "requeue") for p in r.topology.producers]
+    assert "processor_default_1" in cmds[0].args["reason"]
+    # a retry of the same plan (a failed start) has lost nothing new: no second requeue
+    assert r.restarting("PipelineSupervisor", ("ProcessorSupervisor",)) == []
+
+
+def test_a_sibling_still_starting_when_its_neighbour_crashed_is_covered() -> None:
+    """The race that left messages in flight forever with a requeue per exit: p0 crashes
+    while p1 is still starting; p1 starts, takes messages, and is then stopped by the
+    give-up.  The single requeue comes after p1's exit."""
+    r = Reactions(_topology(batchers=0))
+    r.started("producer_0")
+    r.started("producer_1")
+    r.started("processor_default_0")
+    cmds = r.exited("processor_default_0", expected=False, reason="killed")
+    cmds += r.started("processor_default_1") + r.started("processor_default_2")
+    cmds += r.exited("processor_default_2", expected=True)
+    cmds += r.exited("processor_default_1", expected=True)
+    assert not [c for c in cmds if c.name == "requeue"]
+    cmds = r.restarting("PipelineSupervisor", ("ProcessorSupervisor",))
+    assert [c.name for c in cmds] == ["requeue"] * P
+
+
+def test_a_planned_stop_sends_no_requeue() -> None:
+    r = Reactions(_topology())
+    _up(r)
+    cmds = []
+    for sid in reversed(r.topology.stages):       # a drain / stop: reverse start order
+        cmds += r.exited(sid, expected=True, reason="exited normally (code 0)")
+    assert cmds == []
+    # terminate_child of one batcher: nothing either
+    r2 = Reactions(_topology())
+    _up(r2)
+    assert r2.exited("batcher_b0", expected=True) == []
+
+
+def test_an_operator_restart_and_a_crash_of_the_same_child_cause_the_same_cascade() -> None:
+    for child in ("processor_default_0", "batcher_b1", "batch_processor_b0_1"):
+        crash, op = Reactions(_topology(max_crashes=0)), Reactions(_topology(max_crashes=0))
+        _up(crash)
+        _up(op)
+        target = Reactions(_topology()).operator_restart(child)
+        assert set(cascade(op.tree, target)) == set(cascade(crash.tree, child))
+        a = _crash_cascade(crash, child)
+        b = _crash_cascade(op, child, operator=True)
+        assert _names(a) == _names(b)
+        assert [c.args.get("hold") for c in a] == [c.args.get("hold") for c in b]
+    # the processor's operator restart goes through ProcessorSupervisor, so the batchers
+    # restart too (as after its crash)
+    assert Reactions(_topology()).operator_restart("processor_default_0") == \
+        "ProcessorSupervisor"
+
+
+def test_blame_and_hold_ride_on_the_single_requeue_and_release_follows_the_restarts() -> None:
+    r = Reactions(_topology(max_crashes=3), max_crashes=3)
+    _up(r)
+    record = Blame("handle_message", (Suspect(1, 1234, "m-7"),), 1)
+    cmds = _crash_cascade(r, "processor_default_2", record=record)
+    requeues = {c.stage: c.args for c in cmds if c.name == "requeue"}
+    assert set(requeues) == {"producer_0", "producer_1"}
+    assert all(a["hold"] for a in requeues.values())
+    assert "blame" not in requeues["producer_0"]
+    assert requeues["producer_1"]["blame"]["suspects"] == [[1234, "m-7"]]
+    assert requeues["producer_1"]["max_crashes"] == 3
+    assert [c.stage for c in cmds if c.name == "release"] == ["producer_0", "producer_1"]
+    assert max(i for i, c in enumerate(cmds) if c.name == "requeue") < \
+        min(i for i, c in enumerate(cmds) if c.name == "release")
+    # release only once the last processor is up again
+    r2 = Reactions(_topology(max_crashes=3), max_crashes=3)
+    _up(r2)
+    r2.exited("processor_default_0", expected=False, reason="killed", record=record)
+    for sid in r2.topology.processors[1:]:
+        r2.exited(sid, expected=True)
+    r2.restarting("PipelineSupervisor", ("ProcessorSupervisor",))
+    for sid in r2.topology.processors[:-1]:
+        assert not [c for c in r2.started(sid) if c.name == "release"]
+    assert [c.stage for c in r2.started(r2.topology.processors[-1]) if c.name == "release"] == \
+        r2.topology.producers
+
+
+def test_resubscribe_goes_only_to_stages_that_are_up() -> None:
+    r = Reactions(_topology())
+    _up(r)
+    cmds = _crash_cascade(r, "processor_default_0")
+    # the batchers were restarting when the processors came back: none told to resubscribe
+    assert not [c for c in cmds if c.name == "resubscribe"]
+    # a producer restarting alone is announced to every processor (all up)
+    cmds = r.exited("producer_1", expected=False, reason="killed") + r.started("producer_1")
+    assert _names(cmds) == Counter({(p, "resubscribe"): 1 for p in r.topology.processors})
+    assert all(c.args == {"producer": "producer_1"} for c in cmds)
+
+
+def test_a_producer_restart_requeues_nothing() -> None:
+    r = Reactions(_topology())
+    _up(r)
+    cmds = r.exited("producer_0", expected=False, reason="killed")
+    cmds += r.restarting("ProducerSupervisor", ("producer_0",))
+    assert cmds == []
+
+
+def test_a_crash_during_a_cascade_joins_its_single_requeue() -> None:
+    r = Reactions(_topology())
+    _up(r)
+    cmds = r.exited("batch_processor_b0_0", expected=False, reason="killed")
+    # before b0's plan runs, a processor dies: the root's plan stops everything downstream
+    cmds += r.exited("processor_default_0", expected=False, reason="killed")
+    for sid in reversed(cascade(r.tree, "processor_default_0")):
+        if sid not in ("processor_default_0", "batch_processor_b0_0"):
+            cmds += r.exited(sid, expected=True)
+    cmds += r.restarting("PipelineSupervisor", ("ProcessorSupervisor", "BatchersSupervisor"))
+    cmds += r.restarting("BatcherSupervisor_b0", ("BatchProcessorSupervisor_b0",))
+    assert _names(cmds) == Counter({(p, "requeue"): 1 for p in r.topology.producers})
+
+
+def test_no_batchers_a_processor_alone_requeues_at_once() -> None:
+    raw_topo = _topology(batchers=0)
+    r = Reactions(raw_topo)
+    _up(r)
+    cmds = _crash_cascade(r, "processor_default_1")
+    assert _names([c for c in cmds if c.name == "requeue"]) == Counter(
+        {(p, "requeue"): 1 for p in raw_topo.producers})
