@@ -18,8 +18,9 @@ medians.
 
 Per round it prints: messages/s; the ceiling's rate; their ratio; CPU µs per message per
 stage role (user + system of the whole process, all processes of the role summed, from
-the first acked message to the last, so start-up is not counted), of which the ZeroMQ I/O
-threads (every thread but the main one, from ``/proc`` via psutil); data-plane frames sent
+the first acked message to the last, so start-up is not counted), of which the kernel's
+share (system time) and the ZeroMQ I/O threads (every thread but the main one, from
+``/proc`` via psutil); data-plane frames sent
 per message (every stage's ``frames`` counter: events, batches, asks, retracts, acks);
 and the peak PSS of the whole process tree (daemon and stages).  The daemon's rate is
 taken from its own status counters between the first acked message and the last one.
@@ -153,9 +154,9 @@ state_dir = "{tmp}/state"
     first: tuple[float, int, dict] | None = None
     last: tuple[float, int, dict] = (time.perf_counter(), 0, {})
     peak = 0
-    frames: dict[str, tuple[int, int]] = {}     # stage id -> (frames sent, messages in)
+    frames: dict[str, tuple[int, int, int, int]] = {}
     # pid -> latest (role, cpu, io cpu): a stage that exited keeps its last sample
-    cpu: dict[int, tuple[str, float, float]] = {}
+    cpu: dict[int, tuple[str, float, float, float]] = {}
     while daemon.poll() is None:
         try:
             status = control.request(sock, {"cmd": "status"}, timeout=5)["status"]
@@ -179,18 +180,25 @@ state_dir = "{tmp}/state"
     n = last[1] - first[1]
     cpu_us: dict[str, float] = {}
     io_us: dict[str, float] = {}
-    for pid, (role, total, io) in last[2].items():
-        t0, io0 = first[2].get(pid, (role, 0.0, 0.0))[1:]
+    sys_us = 0.0
+    for pid, (role, total, io, system) in last[2].items():
+        t0, io0, sys0 = first[2].get(pid, (role, 0.0, 0.0, 0.0))[1:]
         cpu_us[role] = cpu_us.get(role, 0.0) + (total - t0) / n * 1e6
         io_us[role] = io_us.get(role, 0.0) + (io - io0) / n * 1e6
-    sent = sum(f for f, _ in frames.values())
-    produced = sum(m for sid, (_, m) in frames.items() if sid.startswith("producer_"))
+        sys_us += (system - sys0) / n * 1e6
+    sent = sum(f[0] for f in frames.values())
+    produced = sum(f[1] for sid, f in frames.items() if sid.startswith("producer_"))
+    proc = [f for sid, f in frames.items() if sid.startswith("processor_")]
+    proc_frames = sum(f[3] for f in proc)
     return {"rate": n / (last[0] - first[0]), "messages": last[1],
             "peak_pss_bytes": peak,
             "frames_per_message": sent / produced if produced else None,
+            "events_per_processor_frame": (sum(f[2] for f in proc) / proc_frames
+                                           if proc_frames else None),
             "cpu_us_per_message": {r: round(cpu_us.get(r, 0.0), 2) for r in ROLES},
             "io_threads_us_per_message": {r: round(io_us.get(r, 0.0), 2) for r in ROLES},
-            "cpu_us_per_message_total": round(sum(cpu_us.values()), 2)}
+            "cpu_us_per_message_total": round(sum(cpu_us.values()), 2),
+            "kernel_us_per_message": round(sys_us, 2)}
 
 
 def _role(stage_id: str) -> str:
@@ -198,28 +206,29 @@ def _role(stage_id: str) -> str:
                  if stage_id.startswith(r)), stage_id)
 
 
-def _stage_cpu(tree: dict, seen: dict[int, tuple[str, float, float]]) -> None:
+def _stage_cpu(tree: dict, seen: dict[int, tuple[str, float, float, float]]) -> None:
     """Every stage process's CPU seconds so far by pid: (role, whole process, threads other
-    than the main one, i.e. ZeroMQ's I/O threads)."""
+    than the main one, i.e. ZeroMQ's I/O threads, of the whole the kernel's share)."""
     pid = tree.get("pid")
     if pid and tree.get("kind") == "worker":
         try:
             proc = psutil.Process(pid)
             t = proc.cpu_times()
             io = sum(th.user_time + th.system_time for th in proc.threads() if th.id != pid)
-            seen[pid] = (_role(tree["id"]), t.user + t.system, io)
+            seen[pid] = (_role(tree["id"]), t.user + t.system, io, t.system)
         except psutil.Error:
             pass
     for child in tree.get("children", []):
         _stage_cpu(child, seen)
 
 
-def _stage_frames(tree: dict, seen: dict[str, tuple[int, int]]) -> None:
-    """Each stage's data-plane frames sent and (producers) messages emitted, as last
-    reported (stats come once a second, and at a stage's end)."""
+def _stage_frames(tree: dict, seen: dict[str, tuple[int, int, int, int]]) -> None:
+    """Each stage's data-plane frames sent, messages out and in, and (processors) EVENTS
+    frames received, as last reported (stats come once a second, and at a stage's end)."""
     m = tree.get("messages", {})
     if tree.get("kind") == "worker" and "frames" in m:
-        seen[tree["id"]] = (m["frames"], m.get("out", 0))
+        seen[tree["id"]] = (m["frames"], m.get("out", 0), m.get("in", 0),
+                            m.get("event_frames", 0))
     for child in tree.get("children", []):
         _stage_frames(child, seen)
 
@@ -239,9 +248,12 @@ def _line(label: str, r: dict, ceiling: float | None) -> str:
     io = " / ".join(f"{r['io_threads_us_per_message'][x]:.2f}" for x in ROLES)
     fpm = r["frames_per_message"]
     return (f"  {label}: {r['rate']:,.0f} msg/s{ratio}; CPU us/msg producer / processors / "
-            f"batcher / batch processor {cpu} (total {r['cpu_us_per_message_total']:.2f}; "
+            f"batcher / batch processor {cpu} (total {r['cpu_us_per_message_total']:.2f}, "
+            f"of which kernel {r['kernel_us_per_message']:.2f}; "
             f"zmq I/O threads {io}); frames/msg "
-            f"{'?' if fpm is None else f'{fpm:.4f}'}; PSS {r['peak_pss_bytes'] / 2**20:.0f} MB")
+            f"{'?' if fpm is None else f'{fpm:.4f}'} (events per processor frame "
+            f"{r['events_per_processor_frame'] or 0:.0f}); "
+            f"PSS {r['peak_pss_bytes'] / 2**20:.0f} MB")
 
 
 def main() -> None:

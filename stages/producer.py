@@ -126,7 +126,7 @@ class ProducerStage(Stage):
         if msg[0] == protocol.ACK:
             # settled once per burst of frames: the source's durable write (an fsync for
             # the spool) is per call, so one call for many frames
-            self._acks.extend(msg[1])
+            self._acks.extend(protocol.acked_tokens(msg[1]))
             self._fails.extend(msg[2])
 
     def _on_burst(self) -> None:
@@ -217,17 +217,16 @@ class ProducerStage(Stage):
     def _to_events(self, items: list) -> list[list]:
         first = token = self.next_token
         index = self.spec.index
-        new = protocol.new_event
-        events = [new(index, first + i, msg_id, data, metadata)
-                  for i, (msg_id, data, metadata, _) in enumerate(items)]
+        events = protocol.new_events(index, first, items)
         token = first + len(items)
         self.next_token = token
         self.inflight.add_many(zip(range(first, token), [item[3] for item in items]))
-        failed = self._failed
-        for i, (_, _, metadata, _) in enumerate(items):
-            error = metadata.get("error")
-            if error is not None:
-                failed[first + i] = error
+        errors = [metadata.get("error") for _, _, metadata, _ in items]
+        if errors.count(None) != len(errors):          # a source's bad lines: rare
+            failed = self._failed
+            for i, error in enumerate(errors):
+                if error is not None:
+                    failed[first + i] = error
         if self.strikes or self.isolate:
             self._mark_suspects(events)
         return events

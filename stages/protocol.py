@@ -167,7 +167,38 @@ def cancel(reason: str) -> bytes:
 
 
 def ack(ok: Sequence[int], failed: Sequence[Sequence[Any]] = ()) -> bytes:
+    """ACK: ``ok`` tokens (sent as one ``[first, count]`` range when they are consecutive,
+    the usual case: a batch's messages were emitted together) and failed ``[token,
+    reason]`` pairs; the receiver reads ``ok`` with :func:`acked_tokens`."""
+    n = len(ok)
+    if n > 2:
+        first = ok[0]
+        if type(first) is int and ok[-1] == first + n - 1 and ok == list(range(first,
+                                                                              first + n)):
+            return _frame(ACK, [[first, n]], failed)
     return _frame(ACK, ok, failed)
+
+
+#: the longest token range an ACK may name (a range is one frame's messages; this bounds
+#: what a hostile one can cost)
+MAX_ACK_RANGE = 1 << 20
+
+
+def acked_tokens(ok: list) -> list:
+    """The tokens of an ACK's ``ok`` field: plain tokens, and ``[first, count]`` ranges
+    expanded (a range that is not two ints, or longer than :data:`MAX_ACK_RANGE`, is
+    passed on as it is: the in-flight table counts it unknown)."""
+    if not ok or type(ok[0]) is not list:
+        if not any(type(t) is list for t in ok):
+            return ok
+    out: list = []
+    for t in ok:
+        if (type(t) is list and len(t) == 2 and type(t[0]) is int and type(t[1]) is int
+                and 0 <= t[1] <= MAX_ACK_RANGE):
+            out.extend(range(t[0], t[0] + t[1]))
+        else:
+            out.append(t)
+    return out
 
 
 def command(name: str, args: dict | None = None) -> bytes:
@@ -317,8 +348,11 @@ def raw_to_message(raw: bytes) -> Message:
     return event_to_message(msgpack.unpackb(raw, raw=False, strict_map_key=False))
 
 
-def new_event(origin: int, token: int, msg_id: Any, data: Any, metadata: Any) -> list:
-    return [origin, token, msg_id, data, metadata]
+def new_events(origin: int, first_token: int, items: Sequence[Sequence[Any]]) -> list[list]:
+    """Events for a source's fetched ``(id, data, metadata, handle)`` items, with tokens
+    from ``first_token`` on (one comprehension: the producer's hot path)."""
+    return [[origin, first_token + i, msg_id, data, metadata]
+            for i, (msg_id, data, metadata, _) in enumerate(items)]
 
 
 def event_id(e: Sequence[Any]) -> Any:

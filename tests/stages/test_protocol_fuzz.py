@@ -89,3 +89,23 @@ def test_never_unpickles() -> None:
 
     with pytest.raises(protocol.ProtocolError):
         protocol.decode(pickle.dumps(["not", "for", "us"]))
+
+
+def test_consecutive_acks_travel_as_one_range() -> None:
+    first = 1_763_000_000_000_000_000
+    tokens = list(range(first, first + 100))
+    frame = protocol.ack(tokens, [[first + 200, "bad"]])
+    assert len(frame) < 40
+    msg = protocol.decode(frame)
+    assert protocol.acked_tokens(msg[1]) == tokens and msg[2] == [[first + 200, "bad"]]
+    gaps = [first, first + 2, first + 3]
+    assert protocol.acked_tokens(protocol.decode(protocol.ack(gaps))[1]) == gaps
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(msgpack_values, max_size=8))
+def test_acked_tokens_never_raises_nor_expands_past_the_bound(ok: list) -> None:
+    out = protocol.acked_tokens(ok)
+    assert len(out) <= len(ok) * protocol.MAX_ACK_RANGE
+    huge = protocol.acked_tokens([[0, protocol.MAX_ACK_RANGE + 1]])
+    assert huge == [[0, protocol.MAX_ACK_RANGE + 1]]
