@@ -72,6 +72,7 @@ class ProcessorStage(Stage):
     def stats(self) -> dict[str, Any]:
         s = super().stats()
         s["buffered"] = len(self.out)
+        s["out_limit"] = self.out_limit     # the back-pressure bound (tests derive from it)
         s.update(self.subs.stats())
         return s
 
