@@ -722,6 +722,6 @@ def check_handler(config: Config) -> None:
         # raises would crash them all in a restart loop
         try:
             obj()
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:    # sys.exit() in __init__ too
             raise ConfigError(f"pipeline.handler: {ref}() raised {type(exc).__name__}: "
                               f"{exc}") from None

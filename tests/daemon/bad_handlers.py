@@ -27,3 +27,13 @@ class UnknownBatcher(Pipeline):
 
     def handle_batch(self, batcher, messages, info, context):
         return messages
+
+
+class ExitsInInit(Pipeline):
+    """``sys.exit`` in the constructor: not an Exception, still a broken handler."""
+
+    def __init__(self) -> None:
+        raise SystemExit(4)
+
+    def handle_message(self, processor: str, message: Message, context: object) -> Message:
+        return message

@@ -175,6 +175,8 @@ CASES: list[tuple[str, Callable[[Path], dict] | str, str, str]] = [
     ("handler-init-raises", set_("pipeline.handler", "tests.daemon.bad_handlers:RaisingInit"),
      "pipeline.handler: tests.daemon.bad_handlers:RaisingInit() raised RuntimeError: cannot "
      "reach the pricing table", ""),
+    ("handler-init-exits", set_("pipeline.handler", "tests.daemon.bad_handlers:ExitsInInit"),
+     "pipeline.handler: tests.daemon.bad_handlers:ExitsInInit() raised SystemExit: 4", ""),
     ("long-batcher-key", long_batcher_key, "batchers." + "k" * 60 + ": the socket", ""),
     ("runtime-dir-under-a-file", file_at("afile", lambda root, raw: raw["runtime"]
                                          .__setitem__("dir", str(root / "afile" / "run"))),
