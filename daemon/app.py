@@ -97,6 +97,8 @@ class Daemon:
         self._idle_event = asyncio.Event()
         self._progress = asyncio.Event()
         self.exit_reason: str | None = None
+        #: a crash cascade during the drain handed messages back to the source
+        self._requeued_in_drain = False
         self._housekeeping_task: asyncio.Future | None = None
         self._stop_deadline: float | None = None
         self.started_at = time.time()
@@ -164,8 +166,14 @@ class Daemon:
         elif isinstance(event, ChildStarted):
             self._send(self.reactions.started(event.child_id))
         elif isinstance(event, Restarting):
-            self._send(self.reactions.restarting(event.supervisor_id, event.children,
-                                                 event.reason))
+            commands = self.reactions.restarting(event.supervisor_id, event.children,
+                                                 event.reason)
+            if commands and self.draining:
+                # what the dead stages held went back to the source: the drain cannot end
+                # with every message acked; it stops waiting (see _run_again)
+                self._requeued_in_drain = True
+                self._progress.set()
+            self._send(commands)
 
     def _send(self, commands: list[reactions_mod.Command]) -> None:
         for c in commands:
@@ -256,24 +264,30 @@ class Daemon:
             self._announce_up()
             self.notifier.ready(f"pipeline {name} running")
             self._housekeeping_task = asyncio.ensure_future(self._housekeeping())
-            waits = {asyncio.ensure_future(self._stop.wait()): "stop",
-                     asyncio.ensure_future(self.root.wait_failed()): "failed"}
-            if self.until_idle:
-                waits[asyncio.ensure_future(self._idle_event.wait())] = "idle"
-            finished, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            for fut in pending:
-                fut.cancel()
-            first = next(iter(finished))
-            if waits[first] == "failed":
-                reason = first.result()
-                log.error("pipeline %s gave up: %s", name, reason)
-                self.notifier.status(f"failed: {reason}")
-                return 1
-            if waits[first] == "idle":
-                log.info("pipeline %s: source exhausted; draining (what is in flight is "
-                         "written and acked first)", name)
-            await self.drain()
-            return 0
+            while True:
+                waits = {asyncio.ensure_future(self._stop.wait()): "stop",
+                         asyncio.ensure_future(self.root.wait_failed()): "failed"}
+                if self.until_idle:
+                    waits[asyncio.ensure_future(self._idle_event.wait())] = "idle"
+                finished, pending = await asyncio.wait(waits,
+                                                       return_when=asyncio.FIRST_COMPLETED)
+                for fut in pending:
+                    fut.cancel()
+                first = next(iter(finished))
+                if waits[first] == "failed":
+                    reason = first.result()
+                    log.error("pipeline %s gave up: %s", name, reason)
+                    self.notifier.status(f"failed: {reason}")
+                    return 1
+                if waits[first] == "idle":
+                    log.info("pipeline %s: source exhausted; draining (what is in flight is "
+                             "written and acked first)", name)
+                self._requeued_in_drain = False
+                await self.drain()
+                if not (self.until_idle and self._requeued_in_drain and
+                        not self._stop.is_set()):
+                    return 0
+                await self._run_again()
         finally:
             self.notifier.stopping()
             self._announce_stop()
@@ -288,6 +302,23 @@ class Daemon:
             if self.rate_limit is not None:
                 self.rate_limit.remove()
             log.info("pipeline %s stopped", name)
+
+    async def _run_again(self) -> None:
+        """``--until-idle`` promises an exit once every message is written and acked.  A
+        stage that died during the drain had its messages requeued at the source, where the
+        drained producers would leave them: the pipeline (producers and all after them; a
+        Spark server stays) is restarted out of the drain and runs until idle again."""
+        log.warning("pipeline %s: a stage died during the drain and its messages went back "
+                    "to the source; running again until idle, so that every message is "
+                    "written and acked before exiting", self.config.pipeline.name)
+        self.draining = False
+        self.idle.clear()
+        self.done.clear()
+        self.settled.clear()
+        self._idle_event.clear()
+        first = self.topology.root.children[1 if self.topology.spark else 0].id
+        await self.root.restart_subtree_or_child(first)
+        self.notifier.status("running (again after a crash during the drain)")
 
     async def _start_unless_stopped(self) -> bool:
         """Start the tree; a stop asked for meanwhile (a Spark server takes seconds to come
@@ -412,14 +443,18 @@ class Daemon:
         for sid in self.topology.processors + self.topology.producers:
             self._drain_command(sid)
         finishers = set(self.topology.finishers)
-        if not await self._wait_for(lambda: finishers <= self.done, deadline):
+        if not await self._wait_for(lambda: finishers <= self.done or self._requeued_in_drain,
+                                    deadline):
             log.warning("drain: %s not done after %.1fs; their messages stay unacked at the "
                         "source and will be delivered again", sorted(finishers - self.done),
                         timeout)
         producers = set(self.topology.producers)
-        if not await self._wait_for(lambda: producers <= self.settled, deadline):
+        if not await self._wait_for(lambda: producers <= self.settled or
+                                    self._requeued_in_drain, deadline):
             log.warning("drain: %s still had messages in flight at the deadline",
                         sorted(producers - self.settled))
+        if self._requeued_in_drain and self.until_idle and not self._stop.is_set():
+            return   # not complete: run again (see _run_again)
         log.info("drain complete")
         for p in self.topology.producers:
             # the books of each source as its producer last reported them (the settled

@@ -3,7 +3,10 @@
 The processor and batch-processor stages call these on each frame, and
 :mod:`offbroadway.testing` calls the very same functions in-process, so what a user's unit
 test sees is what the pipeline does.  A callback that raises fails the messages concerned;
-nothing here ever raises because of user code.
+nothing here ever raises because of user code.  That includes ``SystemExit``
+(``sys.exit()`` in a callback): Broadway fails the message for an ``exit`` in a callback,
+and a stage that died of it would be restarted and die again on the redelivery.  Only a
+process that really dies (``os._exit``, a signal) is left to the poison guard.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from typing import Any, Protocol
 from offbroadway import BatchInfo, Message, Pipeline
 
 PROCESSOR_KEY = "default"
+#: what a callback can raise that fails its messages: any Exception, and SystemExit
+CALLBACK_ERRORS = (Exception, SystemExit)
 #: the base class's pass-through: it cannot kill a process, so no frame record before it
 _BASE_PREPARE = Pipeline.prepare_messages
 
@@ -42,15 +47,16 @@ def process(handler: Pipeline, messages: list[Message], context: Any,
     Messages that arrive already failed (a spool line that is not JSON, a poison message)
     skip the callbacks.  With batchers, a message routed to an unknown batcher fails with a
     clear reason.  ``blame`` is told what runs before each callback that could kill the
-    process, so a message that does is known after the process is gone.
+    process, so a message that does is known after the process is gone.  The record is
+    cleared only on return: whatever escapes (nothing a callback raises does) leaves it for
+    the daemon to read after the process died.
     """
     failed = [m for m in messages if m.status is not None]
     ok = [m for m in messages if m.status is None] if failed else messages
     if blame is not None:
-        try:
-            return _process(handler, ok, failed, context, batchers, blame)
-        finally:
-            blame.idle()
+        out = _process(handler, ok, failed, context, batchers, blame)
+        blame.idle()
+        return out
     return _process(handler, ok, failed, context, batchers, None)
 
 
@@ -61,12 +67,22 @@ def _process(handler: Pipeline, ok: list[Message], failed: list[Message], contex
         if blame is not None and getattr(type(handler), "prepare_messages",
                                          _BASE_PREPARE) is not _BASE_PREPARE:
             blame.frame(ok)
+        given = ok
         try:
             ok = handler.prepare_messages(ok, context)
-        except Exception as exc:
-            fail_all(ok, exc, "prepare_messages")
-            failed.extend(ok)
+            problem = _prepared_problem(given, ok)
+        except CALLBACK_ERRORS as exc:
+            fail_all(given, exc, "prepare_messages")
+            failed.extend(given)
             ok = []
+        else:
+            if problem:
+                # Broadway's contract: as many messages as it was given.  One left out would
+                # stay in flight forever; the whole group fails, as Broadway fails it.
+                for m in given:
+                    m.status = f"prepare_messages {problem}"
+                failed.extend(given)
+                ok = []
     done: list[Message] = []
     handle = handler.handle_message
     mark = blame.message if blame is not None else None
@@ -75,7 +91,7 @@ def _process(handler: Pipeline, ok: list[Message], failed: list[Message], contex
             mark(m)
         try:
             r = handle(PROCESSOR_KEY, m, context)
-        except Exception as exc:
+        except CALLBACK_ERRORS as exc:
             m.status = f"handle_message raised {type(exc).__name__}: {exc}"
             failed.append(m)
             continue
@@ -92,6 +108,20 @@ def _process(handler: Pipeline, ok: list[Message], failed: list[Message], contex
     return done, failed
 
 
+def _prepared_problem(given: list[Message], prepared: object) -> str | None:
+    """What is wrong with ``prepare_messages``' result, or None: it must be a list of as
+    many messages as it was given (Broadway raises "expected all messages to be returned")."""
+    if not isinstance(prepared, list):
+        return f"returned {type(prepared).__name__}, not a list of messages"
+    if len(prepared) != len(given):
+        return (f"returned {len(prepared)} messages for the {len(given)} it was given "
+                f"(it must return every message, in order)")
+    for m in prepared:
+        if not isinstance(m, Message):
+            return f"returned a {type(m).__name__} among the messages"
+    return None
+
+
 def handle_batch(handler: Pipeline, batcher: str, messages: list[Message], info: BatchInfo,
                  context: Any) -> list[Message]:
     """``handle_batch``: the messages to write (or, without Spark, the ones done).
@@ -104,7 +134,7 @@ def handle_batch(handler: Pipeline, batcher: str, messages: list[Message], info:
         result = handler.handle_batch(batcher, messages, info, context)
         if not isinstance(result, list):
             raise TypeError(f"handle_batch returned {type(result).__name__}, not a list")
-    except Exception as exc:
+    except CALLBACK_ERRORS as exc:
         fail_all(messages, exc, "handle_batch")
         return []
     returned = {id(m) for m in result}
@@ -119,7 +149,7 @@ def handle_failed(handler: Pipeline, failed: Sequence[Message], context: Any) ->
     (a message it leaves out must not stay in flight forever)."""
     try:
         handler.handle_failed(list(failed), context)
-    except Exception as exc:
+    except CALLBACK_ERRORS as exc:
         for m in failed:
             m.status = f"{m.status}; handle_failed raised {type(exc).__name__}: {exc}"
     for m in failed:

@@ -108,3 +108,49 @@ class SpawnsSubprocesses(Recorder):
                 json.dump(pids, f)
             os.rename(path + ".tmp", path)
         return super().handle_message(processor, message, context)
+
+
+class Contract(Recorder):
+    """Broadway's callback contract, tried the way its own tests try it.
+
+    ``data["drop"]``: prepare_messages leaves that message out of what it returns;
+    ``data["exit_in"]``: ``sys.exit()`` in that callback (``prepare_messages``,
+    ``handle_message``, ``handle_batch``, ``handle_failed``) when the message is in its group.
+    ``context["batch_slow"]``: seconds handle_batch sleeps (a drain that lasts).
+    """
+
+    def prepare_messages(self, messages: list[Message], context) -> list[Message]:
+        import sys
+
+        if any(_exit_in(m, "prepare_messages") for m in messages):
+            sys.exit(3)
+        return [m for m in messages if not (isinstance(m.data, dict) and m.data.get("drop"))]
+
+    def handle_message(self, processor: str, message: Message, context) -> Message:
+        import sys
+
+        if _exit_in(message, "handle_message"):
+            sys.exit(4)
+        return super().handle_message(processor, message, context)
+
+    def handle_batch(self, batcher: str, messages: list[Message], batch_info, context):
+        import sys
+        import time
+
+        if any(_exit_in(m, "handle_batch") for m in messages):
+            sys.exit(5)
+        if context.get("batch_slow"):
+            time.sleep(context["batch_slow"])
+        return super().handle_batch(batcher, messages, batch_info, context)
+
+    def handle_failed(self, messages: list[Message], context):
+        import sys
+
+        messages = super().handle_failed(messages, context)
+        if any(_exit_in(m, "handle_failed") for m in messages):
+            sys.exit(6)
+        return messages
+
+
+def _exit_in(message: Message, callback: str) -> bool:
+    return isinstance(message.data, dict) and message.data.get("exit_in") == callback
