@@ -13,6 +13,8 @@ import textwrap
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO, offbroadway_cmd, start_daemon, test_env, wait_until
 from tests.e2e.handlers import read_records
 from tests.e2e.test_pipeline import make_config, stage_pids
@@ -110,6 +112,13 @@ def test_example_source_through_the_daemon_with_sigkills_loses_nothing(
                        timeout=90, message=f"{after} handled before killing {victim}")
             os.kill(stage_pids(control)[victim], signal.SIGKILL)
         code = daemon.wait(180)
+    except subprocess.TimeoutExpired:
+        status = subprocess.run(offbroadway_cmd("status", "--json", "--socket", str(control)),
+                                cwd=REPO, env=test_env(), capture_output=True, text=True,
+                                timeout=30).stdout
+        daemon.kill()
+        pytest.fail(f"not idle after 180 s; status {status[-4000:]}; log "
+                    f"{daemon.communicate(timeout=30)[1][-4000:]}")
     finally:
         if daemon.poll() is None:
             daemon.kill()
