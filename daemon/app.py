@@ -33,6 +33,7 @@ from typing import Any
 from offbroadway.stages import blame as blame_mod
 from offbroadway.stages import logs, ratelimit
 from offbroadway.stages.ratelimit import SharedRateLimit
+from offbroadway.stages.spec import STAGE_ENV
 from offbroadway.supervision import (
     ChildExited,
     ChildStarted,
@@ -43,6 +44,7 @@ from offbroadway.supervision import (
 
 from . import control, metrics, runlock, stopbudget
 from . import reactions as reactions_mod
+from . import reload as reload_mod
 from . import topology as topo_mod
 from .hub import Hub
 from .notify import Notifier
@@ -123,14 +125,63 @@ class Daemon:
             kwargs.update(spark_child=spark.child, batch_processor_env=spark.batch_processor_env,
                           spark_settings=spark.settings)
         self.topology = topo_mod.build(self.config, stage_env=self._stage_env, **kwargs)
+        self._spark_settings = kwargs.get("spark_settings")
+        #: stage id -> its StageSpec payload after a reload (restarts use the new values)
+        self._payloads: dict[str, str] = {}
         self.stop_budget = stopbudget.total(self.config.pipeline.shutdown_timeout,
                                             self.topology.root)
         self.reactions = reactions_mod.Reactions(
             self.topology, self.config.processors[topo_mod.PROCESSOR_KEY].max_crashes)
 
     def _stage_env(self, stage_id: str) -> dict[str, str]:
-        return {logs.LEVEL_ENV: self.config.runtime.log_level,
-                logs.FORMAT_ENV: self.config.runtime.log_format}
+        env = {logs.LEVEL_ENV: self.config.runtime.log_level,
+               logs.FORMAT_ENV: self.config.runtime.log_format}
+        payload = getattr(self, "_payloads", {}).get(stage_id)
+        if payload is not None:
+            env[STAGE_ENV] = payload
+        return env
+
+    # -- reload -------------------------------------------------------------------------------
+    def reload(self, why: str = "reload") -> dict:
+        """Re-read the config file; apply what may change live, or refuse it all (one line
+        naming the key) and leave the pipeline untouched (:mod:`.reload`)."""
+        from .config import ConfigError, load_config
+
+        try:
+            new = load_config(self.config.path).config
+            changes = reload_mod.plan(self.config, new)
+        except (ConfigError, reload_mod.ReloadRefused) as exc:
+            log.error("%s refused: %s", why, exc)
+            return {"ok": False, "error": f"reload refused: {exc}"}
+        except OSError as exc:
+            log.error("%s refused: cannot read %s: %s", why, self.config.path, exc)
+            return {"ok": False, "error": f"reload refused: cannot read {self.config.path}: "
+                                          f"{exc}"}
+        batchers: set[str] = set()
+        for key, _old, value in changes.changes:
+            if key == "producer.rate_limit":
+                assert self.rate_limit is not None
+                self.rate_limit.set(value)
+            elif key == "runtime.log_level":
+                logging.getLogger().setLevel(value.upper())
+                log.log(logging.getLevelName(value.upper()), "log level %s (%s)", value, why)
+                for sid in self.topology.stages:
+                    self.hub.command(sid, "log_level", level=value)
+            else:                     # batchers.<key>.batch_size / batch_timeout
+                batchers.add(key.split(".")[1])
+        for key in sorted(batchers):
+            b = new.batchers[key]
+            self.hub.command(f"batcher_{key}", "batching", batch_size=b.batch_size,
+                             batch_timeout=b.batch_timeout)
+        self.config = new
+        # stages restarted from now on start with the new values
+        fresh = topo_mod.build(new, spark_settings=self._spark_settings)
+        self._payloads = {w.id: w.env()[STAGE_ENV] for w in _workers(fresh.root)}
+        log.info("%s: %s", why, changes.describe())
+        return {"ok": True, "applied": changes.describe()}
+
+    def _on_sighup(self) -> None:
+        self.reload("SIGHUP reload")
 
     def on_report(self, stage_id: str, name: str, body: dict) -> None:
         if name in ("stats", "done", "settled") and "pid" in body:
@@ -254,6 +305,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop, sig.name)
+        loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
         name = self.config.pipeline.name
         self.control = await control.serve(os.path.join(rt.dir, control.CONTROL_SOCKET),
                                            self.handle_control)
@@ -543,6 +595,8 @@ class Daemon:
             for b in self.topology.batchers:
                 self.hub.command(b, "flush")
             return {"ok": True, "message": "draining: nothing new is fetched until resume"}
+        if cmd == "reload":
+            return self.reload("offbroadway reload")
         if cmd == "rate_limit":
             return self._rate_limit_command(req)
         if cmd == "resume":
@@ -607,3 +661,11 @@ def _walk(node: dict):
     yield node
     for child in node.get("children", []):
         yield from _walk(child)
+
+
+def _workers(node: Any) -> list:
+    """The worker specs of a supervision tree, depth first."""
+    children = getattr(node, "children", None)
+    if children is None:
+        return [node]
+    return [w for c in children for w in _workers(c)]

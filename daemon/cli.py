@@ -264,6 +264,13 @@ def _version() -> str:
         return "unknown"
 
 
+def cmd_reload(args: argparse.Namespace) -> int:
+    """Re-read the config: what may change live is applied, anything else refused (one line
+    naming the key) with the pipeline untouched.  The same as SIGHUP."""
+    print(f"reload: {_call(args, {'cmd': 'reload'})['applied']}")
+    return 0
+
+
 def cmd_rate_limit(args: argparse.Namespace) -> int:
     """Read the running pipeline's rate limit, or change it (``N/SECONDS`` or ``off``)."""
     from offbroadway.stages.ratelimit import parse
@@ -337,6 +344,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="give up waiting after this long, exit 1 (default: wait)")
     target(stop)
     stop.set_defaults(fn=cmd_stop)
+    reload = sub.add_parser("reload", help="re-read the config and apply what can change "
+                            "live (the same as SIGHUP)")
+    target(reload)
+    reload.set_defaults(fn=cmd_reload)
     rate = sub.add_parser("rate-limit", help="show or change the pipeline's rate limit")
     rate.add_argument("limit", nargs="?", metavar="N/SECONDS|off",
                       help="e.g. 500/1 for 500 messages a second; off removes the limit")

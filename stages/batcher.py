@@ -120,6 +120,16 @@ class BatcherStage(Stage):
             self._timer_at = deadline
             self.call_at(deadline, self._on_timer)
 
+    def cmd_batching(self, batch_size: int, batch_timeout: float) -> None:
+        """A reload changed ``batch_size``/``batch_timeout``: the batches from now on use
+        them (a partial batch keeps its first message's time; a shorter timeout is armed)."""
+        if isinstance(batch_size, int) and batch_size > 0 and \
+                isinstance(batch_timeout, (int, float)) and batch_timeout > 0:
+            self._emit(self.acc.resize(batch_size, float(batch_timeout)))
+            log.info("%s: batch_size %d, batch_timeout %gs (reload)", self.id, batch_size,
+                     batch_timeout)
+            self._arm_timer()
+
     def _on_timer(self) -> None:
         self._timer_at = None
         self._emit(self.acc.expire(time.monotonic()))

@@ -176,6 +176,34 @@ class BatchAccumulator(Generic[K, V]):
         self._count -= len(batch)
         out.append((key, batch, "size"))
 
+    def resize(self, batch_size: int, batch_timeout: float) -> list[Batch[K, V]]:
+        """New limits (a reload): batches from now on use them.  Partial batches already at
+        the new size are emitted at once (in full batches of it; a remainder stays partial
+        with its first item's time), so no batch is ever bigger than ``batch_size`` was
+        when it was emitted."""
+        if batch_size < 1 or batch_timeout < 0:
+            raise ValueError(f"bad batch limits {batch_size!r}, {batch_timeout!r}")
+        self.batch_size, self.batch_timeout = batch_size, batch_timeout
+        out: list[Batch[K, V]] = []
+        for key in list(self._partial):
+            part = self._partial[key]
+            if self.size_of is not None:
+                if part.size >= batch_size:
+                    self._emit_sized(key, part.items, True, out)
+                continue
+            items = part.items
+            full = len(items) // batch_size * batch_size
+            if not full:
+                continue
+            out.extend((key, items[i:i + batch_size], "size")
+                       for i in range(0, full, batch_size))
+            self._count -= full
+            if full < len(items):
+                part.items = items[full:]
+            else:
+                del self._partial[key]
+        return out
+
     # -- timing out and flushing ------------------------------------------------------------
     def next_deadline(self) -> float | None:
         """When the oldest partial batch times out (None: nothing is waiting)."""

@@ -167,6 +167,14 @@ class Stage:
     def cmd_stop(self) -> None:
         self.running = False
 
+    def cmd_log_level(self, level: str) -> None:
+        """A reload changed ``runtime.log_level``."""
+        if isinstance(level, str) and level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            logging.getLogger().setLevel(level.upper())
+            # said at the new level itself: it shows only if the new level is in force
+            log.log(logging.getLevelName(level.upper()), "%s: log level %s (reload)",
+                    self.id, level)
+
     # -- the loop ---------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         return {**self.counters, "pid": os.getpid()}

@@ -1,0 +1,109 @@
+"""Reload: what may change in a running pipeline, as a pure comparison of two configs.
+
+SIGHUP (systemd's ``ExecReload=``) and ``offbroadway reload`` re-read the config file.
+What can be applied live is applied; anything else refuses the whole reload with one line
+naming the first key that differs, and the running pipeline is left exactly as it was
+(a half-applied reload would leave a config on disk that describes no running state).
+
+Live keys, and why only these: each is read by one stage at a time and can change between
+two messages without breaking a promise: the rate limit (the shared bucket), the log level
+(every process), and a batcher's ``batch_size`` and ``batch_timeout`` (the next batch
+uses them).  Concurrency would need resizing the tree, which offbroadway does not do at
+runtime yet; the handler, the source and its options, the sink and the directories change
+what a message means or where it goes, so they need a restart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import PROCESSOR_KEY, Config
+
+#: the keys a reload applies (``<key>`` is any batcher)
+LIVE_KEYS = ("producer.rate_limit", "runtime.log_level", "batchers.<key>.batch_size",
+             "batchers.<key>.batch_timeout")
+_WHY = {
+    "concurrency": "changing concurrency needs a restart (resizing a running pipeline is "
+                   "not supported yet)",
+}
+
+
+class ReloadRefused(ValueError):
+    """The new config differs in a key that cannot change live; the message names it."""
+
+
+@dataclass
+class Plan:
+    """What a reload changes: ``(dotted key, old, new)`` for every live key that differs."""
+
+    changes: list[tuple[str, Any, Any]] = field(default_factory=list)
+
+    def describe(self) -> str:
+        if not self.changes:
+            return "nothing to change"
+        return ", ".join(f"{k} {_shown(o)} -> {_shown(n)}" for k, o, n in self.changes)
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "off"
+    if isinstance(value, tuple) and len(value) == 2:
+        return f"{value[0]}/{value[1]:g}s"
+    return repr(value)
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+
+def _refuse(key: str, old: Any, new: Any) -> ReloadRefused:
+    leaf = key.rsplit(".", 1)[-1]
+    why = _WHY.get(leaf, "cannot change while the pipeline runs (restart the daemon to "
+                         "apply it)")
+    return ReloadRefused(f"{key}: {why} (running {old!r}, config {new!r}); nothing was "
+                         f"changed")
+
+
+def plan(old: Config, new: Config) -> Plan:
+    """The live changes from ``old`` to ``new``, or :class:`ReloadRefused` naming the first
+    key that differs and cannot change live."""
+    out = Plan()
+    sections: list[tuple[str, Any, Any, tuple[str, ...]]] = [
+        ("pipeline", old.pipeline, new.pipeline, ()),
+        ("producer", old.producer, new.producer, ("rate_limit",)),
+        (f"processors.{PROCESSOR_KEY}", old.processors[PROCESSOR_KEY],
+         new.processors[PROCESSOR_KEY], ()),
+        ("metrics", old.metrics, new.metrics, ()),
+        ("runtime", old.runtime, new.runtime, ("log_level",)),
+    ]
+    added = sorted(set(new.batchers) ^ set(old.batchers))
+    if added:
+        key = added[0]
+        raise _refuse(f"batchers.{key}", "present" if key in old.batchers else "absent",
+                      "present" if key in new.batchers else "absent")
+    for key in old.batchers:
+        sections.append((f"batchers.{key}", old.batchers[key], new.batchers[key],
+                         ("batch_size", "batch_timeout")))
+    for where, a, b, live in sections:
+        fa, fb = _fields(a), _fields(b)
+        for name, value in fa.items():
+            if fb[name] == value:
+                continue
+            if name in live:
+                out.changes.append((f"{where}.{name}", value, fb[name]))
+            elif name == "upstream_demand" and _derived_demand(a) and _derived_demand(b):
+                continue     # follows batch_size by default; the running value stays
+            else:
+                raise _refuse(f"{where}.{name}", value, fb[name])
+    if old.spark != new.spark:
+        key = next(k for k in sorted(set(old.spark or {}) | set(new.spark or {}))
+                   if (old.spark or {}).get(k) != (new.spark or {}).get(k))
+        raise _refuse(f"spark.{key}", (old.spark or {}).get(key), (new.spark or {}).get(key))
+    return out
+
+
+def _derived_demand(b: Any) -> bool:
+    """``upstream_demand`` is its default for this batch size (not set by the user)."""
+    return not b.batch_bytes and b.upstream_demand == max(1000, 2 * b.batch_size)
