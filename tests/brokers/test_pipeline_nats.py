@@ -5,6 +5,8 @@ daemons on one durable with no doubles; the server SIGKILLed and restarted mid-r
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from collections import Counter
@@ -16,7 +18,7 @@ import pytest
 from tests.brokers.natsutil import NATS_URL, Jet
 from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
 from tests.e2e.handlers import read_records
-from tests.e2e.test_pipeline import make_config
+from tests.e2e.test_pipeline import make_config, stage_pids
 
 pytestmark = pytest.mark.broker
 N = 10_000
@@ -137,3 +139,35 @@ def test_server_killed_and_restarted_mid_run_loses_nothing(short_tmp: Path,
     duplicates = sum(done.values()) - len(done)
     print(f"server restart: {before} of {n} handled before the kill, {duplicates} handled "
           f"twice (acks the kill lost)")
+
+
+def test_stages_sigkilled_mid_run_lose_nothing(short_tmp: Path, jet: Any) -> None:
+    """A processor killed: its producer nak's what was in flight and it comes back at once.
+    The producer killed: what it held is redelivered by the server after ack_wait."""
+    stream = jet.stream()
+    n = 5000
+    ids = jet.publish(stream, [json.dumps({"seq": i}).encode() for i in range(n)])
+    config = make_config(short_tmp, handler="tests.brokers.handlers:JsonBody", source="nats",
+                         producers=2, context={"slow": 0.0005},
+                         options={"url": NATS_URL, "stream": stream, "ack_wait": 3},
+                         batchers={"default": {"batch_size": 100, "batch_timeout": 0.2}})
+    control = short_tmp / "run" / "control.sock"
+    daemon = subprocess.Popen(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
+                              env=test_env(), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(control.exists, timeout=60, message="control socket")
+        for victim, after in (("processor_default_0", 1000), ("producer_0", 2500)):
+            wait_until(lambda a=after: len(handled(short_tmp)) >= a, timeout=120,
+                       message=f"{after} handled before killing {victim}")
+            os.kill(stage_pids(control)[victim], signal.SIGKILL)
+        assert daemon.wait(180) == 0, daemon.stderr.read()[-3000:] if daemon.stderr else ""
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait(30)
+    done = handled(short_tmp)
+    assert set(done) == set(ids)
+    info = jet.consumer(stream, "e2e")
+    assert (info.num_pending, info.num_ack_pending) == (0, 0)
+    print(f"nats kills: {sum(done.values()) - len(done)} handled twice (in flight at a kill)")
