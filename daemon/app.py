@@ -105,8 +105,8 @@ class Daemon:
         self._stop_deadline: float | None = None
         self.started_at = time.time()
         self.rate_limit: SharedRateLimit | None = None
-        #: SIGINT/SIGTERM/stop requests so far: the first drains, the third stops at once
-        self._stop_requests = 0
+        #: Ctrl-Cs (SIGINT) since the stop began: the third stops at once
+        self._interrupts = 0
         self._abort = False
         #: "pipeline is up" is said once every producer's source is connected; until then
         #: "waiting for its source", once
@@ -465,18 +465,26 @@ class Daemon:
             await self.root.stop()
 
     def request_stop(self, why: str = "stop") -> None:
-        """First request: drain.  Second: say what is going on and how to cut it short.
-        Third: stop now, without waiting for what is in flight (it stays unacked at the
-        source and is delivered again)."""
-        self._stop_requests += 1
-        n = self._stop_requests
-        if n == 1:
+        """First request: drain.  Later ones say what is going on; a third Ctrl-C (SIGINT:
+        someone at a terminal) stops now, without waiting for what is in flight (it stays
+        unacked at the source and is delivered again).  A repeated SIGTERM or ``stop``
+        never cuts the drain short: that is for a human who decided to."""
+        if not self._stop.is_set():
             log.info("%s received: draining", why)
             self._stop.set()
-        elif n == 2:
+            if why == "SIGINT":
+                self._interrupts = 1
+            return
+        if why != "SIGINT":
+            log.info("%s received: already stopping (the drain finishes what is in flight, "
+                     "up to shutdown_timeout %gs)", why, self.config.pipeline.shutdown_timeout)
+            return
+        self._interrupts += 1
+        if self._interrupts < 3:
             log.warning("%s received again: already stopping (draining finishes what is in "
-                        "flight, up to shutdown_timeout %gs); once more stops at once",
-                        why, self.config.pipeline.shutdown_timeout)
+                        "flight, up to shutdown_timeout %gs); %s more stops at once",
+                        why, self.config.pipeline.shutdown_timeout,
+                        "once" if self._interrupts == 2 else "twice")
         elif not self._abort:
             log.warning("%s received a third time: stopping now; messages in flight stay "
                         "unacked at the source and are delivered again", why)
