@@ -96,6 +96,8 @@ _PERMANENT_CODES = frozenset({403, 404, 406, 530})
 _BASIC_PROPERTIES = ("content_type", "content_encoding", "delivery_mode", "priority",
                      "correlation_id", "reply_to", "expiration", "message_id", "timestamp",
                      "type", "user_id", "app_id", "cluster_id")
+_PROPERTY_NAMES = frozenset(_BASIC_PROPERTIES) | {"headers"}
+_PLAIN = frozenset({str, bytes, bool, int, float})
 # How long a wake-up may sit unconsumed before it is withdrawn, and the longest pause
 # before offering it again (see the module docstring).
 _WAKE_LEASE = 0.02
@@ -292,6 +294,7 @@ class RabbitMQSource(Source):
         self.settings = parse_options(self.options)
         s = self.settings
         self.url_masked = mask_url(s.url)
+        self._queue, self._max_bytes = s.queue, s.max_message_bytes   # read per delivery
         # unique per process and connection incarnation, for message ids without message_id
         self._session = (f"{socket.gethostname()}.{os.getpid()}.{self.producer_index}."
                          f"{time.time_ns() // 1_000_000 % 10**10:x}")
@@ -698,20 +701,23 @@ class RabbitMQSource(Source):
 
     # -- I/O thread: deliveries and settling --------------------------------------------------
     def _on_delivery(self, _channel: Any, method: Any, props: Any, body: bytes | None) -> None:
+        # per message, so kept lean: the properties are read from the instance dict in one
+        # pass (pika sets all of them, unset ones None) and only non-plain values converted
         tag = method.delivery_tag
         redelivered = bool(method.redelivered)
         meta: dict[str, Any] = {
-            "queue": self.settings.queue, "routing_key": method.routing_key,
+            "queue": self._queue, "routing_key": method.routing_key,
             "exchange": method.exchange, "delivery_tag": tag, "redelivered": redelivered}
-        for name in _BASIC_PROPERTIES:
-            value = getattr(props, name, None)
-            if value is not None:
-                meta[name] = packable(value)
-        if props.headers:
-            meta["headers"] = packable(props.headers)
+        wanted = _PROPERTY_NAMES
+        for name, value in vars(props).items():
+            if value is not None and name in wanted:
+                meta[name] = value if value.__class__ in _PLAIN else packable(value)
+        headers = meta.pop("headers", None)
+        if headers:
+            meta["headers"] = headers
         inc = self._incarnation
         msg_id = props.message_id or f"{tag}@{self._session}.{inc}"
-        if len(body) > self.settings.max_message_bytes:
+        if len(body) > self._max_bytes:
             # failed, not delivered: the body stays with the broker, which dead-letters
             # it whole (on_failure); it never crosses our frames or reaches a handler
             meta["error"] = oversized(len(body), self.settings.max_message_bytes)
@@ -817,15 +823,17 @@ class RabbitMQSource(Source):
             return _ACK_DELAY
         open_tags, order = self._open_tags, self._tag_order
         upto = 0
+        covered = []
         while order and order[0] not in open_tags:
             t = order.popleft()
             if t in unsent:
                 upto = t
-                unsent.discard(t)
+                covered.append(t)
         channel = self._channel
         if upto:
             channel.basic_ack(upto, multiple=True)
             self.ack_frames += 1
+            unsent.difference_update(covered)   # after the count: stats() reads both
         if not unsent:
             return _ACK_DELAY
         if upto:
