@@ -5,11 +5,11 @@
         [--job-seconds 0.5] [--repeat 1]
 
 Issue 6's scenario (seeds 003/004): ``--jobs`` jobs whose handler sleeps ``--job-seconds``
-and records its start time and pid, on ``--processors`` processors with default demand
-settings (max_demand 10, min_demand 5), no batchers.  For each source, producer count and
-dispatcher a fresh daemon is started and the jobs *arrive* only once every producer
-reports demand from every processor (all subscribed, demand placed), so start-up order is
-not what is measured:
+and records its start time and pid, on ``--processors`` processors with the default demand
+settings (max_demand 1000, min_demand 500 since issue 12), no batchers.  For each source,
+producer count and dispatcher a fresh daemon is started and the jobs *arrive* only once
+every producer reports demand from every processor (all subscribed, demand placed), so
+start-up order is not what is measured:
 
 * ``generator``: ``count`` is per producer, so jobs / producers each.  Its messages exist
   from the start, so the bench pauses the producers (the operator's ``drain``) as soon as
