@@ -139,7 +139,7 @@ def one_run(after: float, metrics: bool) -> dict:
                 "drain_s": marks.get("drained", float("nan")) - sent,
                 "stop_s": exited - marks.get("drained", float("nan")),
                 "after_log_s": exited - marks.get("stopped", float("nan")),
-                "summary": acked_line.strip(), "stderr_tail": err[-2000:]}
+                "summary": acked_line.strip(), "stderr": err}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -160,7 +160,7 @@ def main() -> None:
               f"{r['drain_s'] * 1000:5.0f} ms, then stop {r['stop_s'] * 1000:5.0f} ms; "
               f"code {r['code']}) {r['summary']}", flush=True)
         if r["code"] != 0:
-            print(r["stderr_tail"], file=sys.stderr)
+            print(r["stderr"][-3000:], file=sys.stderr)
     exits = [r["exit_s"] * 1000 for r in runs]
     print(f"median exit {statistics.median(exits):.0f} ms [{min(exits):.0f}..{max(exits):.0f}]"
           f" over {len(runs)} runs; drain median "
