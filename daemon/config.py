@@ -697,9 +697,24 @@ def preflight(config: Config) -> list[str]:
     _check_private("runtime.dir", config.runtime.dir)
     _check_dir("runtime.state_dir", config.runtime.state_dir)
     notes = check_source(config)
+    _check_spool_not_in_its_state(config)
     check_handler(config)
     notes += check_spark(config)
     return notes
+
+
+def _check_spool_not_in_its_state(config: Config) -> None:
+    """A spool reading ``<state_dir>/spool`` would read its own ``dead-letter.jsonl`` (and
+    ack records) back as input: every failed line failed again, forever."""
+    if config.producer.source != "spool" or not isinstance(config.producer.options.get("path"),
+                                                           str):
+        return
+    path = os.path.abspath(config.producer.options["path"])
+    own = os.path.join(os.path.abspath(config.runtime.state_dir), "spool")
+    if path == own:
+        raise ConfigError(f"producer.options.path: {path!r} is where the spool keeps its own "
+                          f"records and dead-letter.jsonl (runtime.state_dir + '/spool'); "
+                          f"use another directory for the input")
 
 
 def check_handler(config: Config) -> None:
