@@ -70,12 +70,13 @@ class BatchProcessorStage(Stage):
             msg = self.decode(frame, up.stage_id)
             if msg is None:
                 continue
-            if msg[0] == protocol.BATCH:
-                self._handle(msg[1], msg[2], msg[3])
+            if msg[protocol.KIND_AT] == protocol.BATCH:
+                self._handle(msg[protocol.BATCH_KEY], msg[protocol.BATCH_TRIGGER],
+                             msg[protocol.BATCH_PACKED])
                 self.subs.consumed(up, 1)
-            elif msg[0] == protocol.CANCEL:
+            elif msg[protocol.KIND_AT] == protocol.CANCEL:
                 self._ack()
-                self.subs.cancelled(up, msg[1])
+                self.subs.cancelled(up, msg[protocol.VALUE])
                 if self.subs.all_done:
                     self.report("done", self.stats())   # final counts: the last tick may be older
         self._ack()

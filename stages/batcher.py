@@ -78,18 +78,18 @@ class BatcherStage(Stage):
             msg = self.decode(frame, up.stage_id)
             if msg is None:
                 continue
-            if msg[0] == protocol.EVENTS:
+            if msg[protocol.KIND_AT] == protocol.EVENTS:
                 # moved on without being unpacked: cut into their packed bytes, regrouped
                 try:
-                    if msg[1] is not None:
+                    if msg[protocol.EVENTS_STATUS] is not None:
                         raise protocol.ProtocolError("a batcher is sent healthy events only")
-                    raw = protocol.split_events(msg[3])
+                    raw = protocol.split_events(msg[protocol.EVENTS_PACKED])
                 except protocol.ProtocolError as exc:
                     self.counters["malformed"] += 1
                     log.warning("%s: dropped malformed events from %s: %s", self.id,
                                 up.stage_id, exc)
                     continue
-                batch_key = msg[2]
+                batch_key = msg[protocol.EVENTS_BATCH_KEY]
                 self.counters["in"] += len(raw)
                 if self.partition_of is None:
                     self._emit(self.acc.add_run(batch_key, raw, now))
@@ -98,8 +98,8 @@ class BatcherStage(Stage):
                     self._emit(self.acc.add_many(
                         [((batch_key, partition_of(r)), r) for r in raw], now))
                 self.subs.consumed(up, len(raw))
-            elif msg[0] == protocol.CANCEL:
-                self.subs.cancelled(up, msg[1])
+            elif msg[protocol.KIND_AT] == protocol.CANCEL:
+                self.subs.cancelled(up, msg[protocol.VALUE])
         if self.subs.all_done and not self.finished:
             self._emit(self.acc.flush())
         self._arm_timer()

@@ -121,26 +121,26 @@ class Subscriptions:
     def on_frame(self, up: Upstream, msg: list) -> None:
         """SUBSCRIBED, RETRACTED and CANCEL from an upstream (events go through
         :meth:`received` and :meth:`consumed`)."""
-        kind = msg[0]
+        kind = msg[protocol.KIND_AT]
         if kind == protocol.CANCEL:
-            self.cancelled(up, msg[1])
+            self.cancelled(up, msg[protocol.VALUE])
         elif self.budget is None or (up.mode == CLASSIC and kind != protocol.SUBSCRIBED):
             return
         elif kind == protocol.SUBSCRIBED:
-            if msg[2] != up.ref:
+            if msg[protocol.SUBSCRIBED_REF] != up.ref:
                 return                 # answers an earlier SUBSCRIBE; ours is on its way
             up.consumed = 0
-            if msg[1] == "demand":
+            if msg[protocol.SUBSCRIBED_POLICY] == "demand":
                 up.mode = CLASSIC
                 self._send_ask(up, self.max_demand)
             else:
                 up.mode = BUDGET
-                self.budget.report_busy = msg[1] == "spread"
+                self.budget.report_busy = msg[protocol.SUBSCRIBED_POLICY] == "spread"
                 self._sync_hold()
                 self._apply(self.budget.subscribed(up.index))
         elif kind == protocol.RETRACTED:
             self._sync_hold()
-            self._apply(self.budget.retracted(up.index, msg[1]))
+            self._apply(self.budget.retracted(up.index, msg[protocol.VALUE]))
 
     # -- events ---------------------------------------------------------------------------
     def received(self, up: Upstream, n: int) -> bool:

@@ -58,34 +58,36 @@ class Downstream:
             msg = stage.decode(frame, peer.decode(errors="replace"))
             if msg is None:
                 continue
-            kind = msg[0]
+            kind = msg[protocol.KIND_AT]
             if kind == protocol.ASK:
                 try:
-                    self.dispatcher.ask(peer, msg[1])
+                    self.dispatcher.ask(peer, msg[protocol.VALUE])
                 except KeyError:
                     self.send(peer, protocol.cancel("unknown subscription"))
             elif kind == protocol.RETRACT:
                 try:
-                    taken = self.dispatcher.retract(peer, msg[1])
+                    taken = self.dispatcher.retract(peer, msg[protocol.VALUE])
                 except KeyError:
                     self.send(peer, protocol.cancel("unknown subscription"))
                 else:
                     self.send(peer, protocol.retracted(taken))
             elif kind == protocol.SUBSCRIBE:
                 try:
-                    self.dispatcher.subscribe(peer, msg[1], msg[3])
+                    self.dispatcher.subscribe(peer, msg[protocol.SUBSCRIBE_MAX],
+                                              msg[protocol.SUBSCRIBE_PARTITION])
                 except ValueError as exc:
                     stage.counters["malformed"] += 1
                     self.send(peer, protocol.cancel(f"bad subscription: {exc}"))
                     continue
-                self.send(peer, protocol.subscribed(self.dispatcher.policy, msg[4]))
+                self.send(peer, protocol.subscribed(self.dispatcher.policy,
+                                                      msg[protocol.SUBSCRIBE_REF]))
                 if self.closed:
                     self.send(peer, protocol.cancel("shutdown"))
             elif kind == protocol.RETURN:
                 try:
                     if self.on_return is None:
                         raise protocol.ProtocolError("this stage takes nothing back")
-                    events = protocol.open_events(msg[1])
+                    events = protocol.open_events(msg[protocol.RETURN_PACKED])
                 except protocol.ProtocolError:
                     stage.counters["malformed"] += 1
                 else:

@@ -117,11 +117,12 @@ class ProcessorStage(Stage):
             msg = self.decode(frame, up.stage_id)
             if msg is None:
                 continue
-            if msg[0] == protocol.EVENTS:
-                events = self.open_events(msg[3], up.stage_id)
+            if msg[protocol.KIND_AT] == protocol.EVENTS:
+                events = self.open_events(msg[protocol.EVENTS_PACKED], up.stage_id)
                 if events is not None:
                     self.inbox.append((up, events, self.subs.received(up, len(events)),
-                                       (msg[1], msg[2], msg[3])))
+                                       (msg[protocol.EVENTS_STATUS], msg[protocol.EVENTS_BATCH_KEY],
+                                        msg[protocol.EVENTS_PACKED])))
             else:
                 self.subs.on_frame(up, msg)
 

@@ -123,11 +123,11 @@ class ProducerStage(Stage):
 
     # -- frames from consumers ------------------------------------------------------------------
     def _on_frame(self, peer: bytes, msg: list) -> None:
-        if msg[0] == protocol.ACK:
+        if msg[protocol.KIND_AT] == protocol.ACK:
             # settled once per burst of frames: the source's durable write (an fsync for
             # the spool) is per call, so one call for many frames
-            self._acks.extend(protocol.acked_tokens(msg[1]))
-            self._fails.extend(msg[2])
+            self._acks.extend(protocol.acked_tokens(msg[protocol.ACK_OK]))
+            self._fails.extend(msg[protocol.ACK_FAILED])
 
     def _on_burst(self) -> None:
         if self._acks or self._fails:

@@ -68,6 +68,19 @@ VERSION = 2
 #: Frames larger than this are refused unread (64 MiB: a batch of 100k rows of ~600 B).
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 
+#: positions in a decoded frame (:func:`decode` returns ``[kind, *fields]``): stages read
+#: fields by these names, never by number
+KIND_AT = 0
+#: the one field of ASK, RETRACT, RETRACTED (n, k) and CANCEL (reason)
+VALUE = 1
+SUBSCRIBE_MAX, SUBSCRIBE_MIN, SUBSCRIBE_PARTITION, SUBSCRIBE_REF = 1, 2, 3, 4
+SUBSCRIBED_POLICY, SUBSCRIBED_REF = 1, 2
+EVENTS_STATUS, EVENTS_BATCH_KEY, EVENTS_PACKED = 1, 2, 3
+BATCH_KEY, BATCH_TRIGGER, BATCH_PACKED = 1, 2, 3
+RETURN_PACKED = 1
+ACK_OK, ACK_FAILED = 1, 2
+COMMAND_NAME, COMMAND_ARGS = 1, 2
+
 #: zmq.EVENTS and zmq.POLLIN as plain ints: readiness is checked before every read, and
 #: pyzmq's enum flags cost microseconds per operation
 ZMQ_EVENTS = int(zmq.EVENTS)
