@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
@@ -94,9 +95,22 @@ def test_status_restart_drain_resume_stop_and_metrics(short_tmp: Path) -> None:
         late_lines = [json.dumps({"seq": n + i, "route": "even" if i % 2 == 0 else "odd",
                                   "key": i % 3}) for i in range(late)]
         (short_tmp / "spool" / "part-late.jsonl").write_text("\n".join(late_lines) + "\n")
+
+        def fetched() -> int:
+            producer = next(n for n in walk(status(sock)["tree"]) if n["id"] == "producer_0")
+            return producer["messages"]["source"]["fetched"]
+
+        # nothing is fetched while drained: over two of the spool's rescans (1 s each) and
+        # a stats tick, the source's fetched count and the handled records stand still
+        before = fetched()
+        time.sleep(3.0)   # a window in which nothing may happen, not a wait for something
+        assert fetched() == before, "the drained producer fetched"
+        assert len(read_records(str(out), "batch-")) == handled
+        late_ids = {f"part-late.jsonl:{i + 1}" for i in range(late)}
+        assert not late_ids & {r["id"] for r in read_records(str(out), "batch-")}
         assert cli("resume", "--socket", str(sock)).returncode == 0
-        wait_until(lambda: len(read_records(str(out), "batch-")) > handled, timeout=30,
-                   message="resume to fetch again")
+        wait_until(lambda: late_ids <= {r["id"] for r in read_records(str(out), "batch-")},
+                   timeout=30, message="resume to fetch every late line")
 
         # /metrics on localhost, with the documented names
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
