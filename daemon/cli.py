@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import os
@@ -65,6 +64,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     config, _notes = _load(args.config, full=True)
     configure_logging(config.runtime.log_level, config.runtime.log_format, "daemon")
+    import asyncio  # here: the other verbs are clients and start faster without it
+
     from .app import START_ERRORS, Daemon
 
     try:

@@ -6,12 +6,14 @@ One request per connection: ``{"cmd": "status"}`` → one JSON reply.  The CLI v
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
 import socket
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+if TYPE_CHECKING:     # the CLI's client side never pays for importing asyncio
+    import asyncio
 
 log = logging.getLogger("offbroadway.daemon.control")
 
@@ -24,6 +26,8 @@ class ControlError(RuntimeError):
 
 
 async def serve(path: str, handler: Handler) -> asyncio.AbstractServer:
+    import asyncio
+
     if os.path.exists(path):
         os.unlink(path)
 
