@@ -29,9 +29,11 @@ SOURCES = ("generator", "spool", "rabbitmq", "redis", "nats")
 DISPATCHERS = ("spread", "demand")
 SPARK_FORMATS = ("parquet", "json", "orc")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-#: Writes one Spark driver sustains per second on a 2-core machine (3-8 measured by
-#: bench/spark_sink.py).
-SPARK_WRITES_PER_SECOND = 5.0
+#: Group commit defaults (kept in step with stages/spark_commit.py, which the daemon does
+#: not import: it pulls in pyarrow).  A Spark job costs ~100-270 ms whatever its size
+#: (bench/spark_sink.py); at 50,000 rows that is a fraction of the job.
+SPARK_COMMIT_ROWS = 50_000
+SPARK_COMMIT_INTERVAL = 1.0
 
 
 class ConfigError(ValueError):
@@ -405,6 +407,11 @@ def _spark(t: _Table) -> dict:
         "driver_memory": t.get("driver_memory", str, "1g"),
         "write_retry_seconds": t.get("write_retry_seconds", float, 60.0, check=_non_negative),
         "write_timeout": t.get("write_timeout", float, 600.0, check=_positive),
+        # group commit (stages/spark_commit.py): one Spark job per this many rows, or per
+        # this many seconds of the oldest waiting batch, whichever comes first
+        "commit_rows": t.get("commit_rows", int, SPARK_COMMIT_ROWS, check=_positive),
+        "commit_interval": t.get("commit_interval", float, SPARK_COMMIT_INTERVAL,
+                                 check=_positive),
     }
     if not all(isinstance(c, str) for c in out["partition_by"]):
         raise ConfigError(f"{t.key('partition_by')}: must be an array of column names")
@@ -532,19 +539,10 @@ def warnings(config: Config) -> list[str]:
             f"{config.pipeline.max_seconds:g}s is fewer than processors.{PROCESSOR_KEY}."
             f"max_crashes ({proc.max_crashes}): a poison message makes the daemon exit before "
             f"it is dead-lettered; use at least {proc.max_crashes + 1}")
-    if config.spark is not None:
-        writes = sum(b.concurrency / b.batch_timeout for b in config.batchers.values())
-        if writes > SPARK_WRITES_PER_SECOND:
-            out.append(
-                f"batchers: batch_timeout/concurrency may ask Spark for up to {writes:.0f} "
-                f"writes/s under light load, and one Spark driver sustains about "
-                f"{SPARK_WRITES_PER_SECOND:.0f} (each write has a fixed cost of 0.1-0.3 s); raise "
-                f"batch_timeout or lower concurrency")
-        for key, b in config.batchers.items():
-            if not b.batch_bytes and b.batch_size < 1000:
-                out.append(f"batchers.{key}.batch_size: {b.batch_size} rows per Spark write "
-                           f"spends most of the time in Spark's fixed per-write cost; "
-                           f"1000 or more amortizes it")
+    if config.spark is not None and config.spark["commit_rows"] < 5000:
+        out.append(
+            f"spark.commit_rows: {config.spark['commit_rows']} rows per Spark job spends most "
+            f"of the time in Spark's fixed per-job cost (0.1-0.3 s); 10000 or more amortizes it")
     window_option = {"rabbitmq": "prefetch_count", "nats": "prefetch"}.get(
         config.producer.source)
     if window_option:

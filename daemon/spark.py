@@ -5,14 +5,15 @@ The daemon calls :func:`plan` once and hands the result to the topology builder:
 * ``child``: the local Spark Connect server's :class:`WorkerSpec` (``None`` when the config
   names a ``remote``).  Its ``env`` is a callable the supervisor evaluates at every start,
   so each incarnation gets a fresh random token (and a fresh free port when ``port = 0``).
-* ``batch_processor_env()``: evaluated at every batch-processor start; it hands over the
-  *current* incarnation's address and token (``OFFBROADWAY_SPARK_REMOTE``,
-  ``OFFBROADWAY_SPARK_TOKEN``).  The pipeline supervisor is ``rest_for_one`` with
-  ``spark`` first, so a restarted server restarts every batch processor, which then reads
-  the new values.
+* ``batch_processor_env()``: evaluated at every committer start (the committers are the
+  only Spark clients; the name is historical); it hands over the *current* incarnation's
+  address and token (``OFFBROADWAY_SPARK_REMOTE``, ``OFFBROADWAY_SPARK_TOKEN``).  The
+  pipeline supervisor is ``rest_for_one`` with ``spark`` first, so a restarted server
+  restarts every committer, which then reads the new values.
 * ``settings``: the keyword arguments of :class:`offbroadway.stages.spark_sink.SparkSink`
-  (minus ``writer_id``/``on_wait``), JSON-serialisable and token-free: it travels in the
-  stage spec, which is visible in ``/proc/<pid>/environ`` and may end up in logs.
+  (minus ``writer_id``/``on_wait``) plus the committer's ``commit_rows`` and
+  ``commit_interval``, JSON-serialisable and token-free: it travels in the stage spec,
+  which is visible in ``/proc/<pid>/environ`` and may end up in logs.
 
 The token lives only in these closures and in the two child environments; it is never
 printed, logged or part of a spec the daemon shows.  Spark's files (log, pid, scratch)
@@ -43,7 +44,7 @@ ENV_MASTER = "OFFBROADWAY_SPARK_MASTER"
 ENV_DRIVER_MEMORY = "OFFBROADWAY_SPARK_DRIVER_MEMORY"
 ENV_CONF = "OFFBROADWAY_SPARK_CONF"
 ENV_STOP_TIMEOUT = "OFFBROADWAY_SPARK_STOP_TIMEOUT"
-# What batch processors read (offbroadway.stages.spark_sink).
+# What committers read (offbroadway.stages.spark_sink).
 ENV_REMOTE = "OFFBROADWAY_SPARK_REMOTE"
 
 #: Spark Connect takes ~10-15 s to become ready on an idle 2-core machine (JVM ~7 s, then
@@ -60,7 +61,7 @@ STOP_TIMEOUT = 10.0
 SHUTDOWN = 15.0
 
 SINK_KEYS = ("output", "format", "partition_by", "schema", "write_retry_seconds",
-             "write_timeout")
+             "write_timeout", "commit_rows", "commit_interval")
 REMOTE_KEYS = ("remote", "token_env", "token_file")
 
 

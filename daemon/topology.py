@@ -10,6 +10,7 @@ Broadway's (ARCHITECTURE §2)::
     ├── ProcessorSupervisor (one_for_all, max_restarts 0)   processor_default_0 …
     ├── BatchersSupervisor (one_for_one)
     │   └── BatcherSupervisor_<key> (rest_for_one)
+    │       ├── committer_<key>                with [spark]: the dataset's only writer
     │       ├── batcher_<key>
     │       └── BatchProcessorSupervisor_<key> (one_for_all, max_restarts 0)
     │           └── batch_processor_<key>_0 …
@@ -18,6 +19,13 @@ Broadway's (ARCHITECTURE §2)::
 ``max_restarts = 0`` under processors and batch processors is Broadway's choice: callbacks
 fail messages, not processes, so a dead processor means something unforeseen, and the
 whole downstream restarts from a clean state while producers keep their sources open.
+
+The committer comes first under its batcher's ``rest_for_one``: the batch processors hold
+the messages of the batches it is committing, so when it dies they restart too (their
+unacked messages are delivered again), while a batch processor's death leaves it alone
+(it forgets that processor's batches no job holds yet when the new incarnation says
+hello).  Behind ``spark`` in the pipeline's ``rest_for_one``, a restarted Spark server
+restarts every committer with the new server's address and token.
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ class Topology:
     processors: list[str] = field(default_factory=list)
     batchers: list[str] = field(default_factory=list)
     batch_processors: list[str] = field(default_factory=list)
+    committers: list[str] = field(default_factory=list)
     spark: str | None = None
     roles: dict[str, str] = field(default_factory=dict)
 
@@ -66,21 +75,40 @@ class Topology:
 
     @property
     def stages(self) -> list[str]:
-        return self.producers + self.processors + self.batchers + self.batch_processors
+        return (self.producers + self.processors + self.committers + self.batchers
+                + self.batch_processors)
+
+
+def batch_processor_demand(b: Any, spark: dict | None) -> int:
+    """Batches a batch processor asks its batcher for at once.
+
+    Without Spark, or with ``max_demand`` set, :func:`batch_demand`.  With Spark a batch waits
+    for its group commit before it is acked and its demand given back, so a batch
+    processor must be able to hold enough batches for the committer to gather one job
+    while the previous one runs: two jobs' worth of rows (``2 x commit_rows``) over all
+    the batch processors of the batcher (at least :func:`batch_demand`).  Batches in bytes
+    have no row count: 16.
+    """
+    if spark is None or b.max_demand is not None:
+        return batch_demand(b)
+    if b.batch_bytes:
+        return max(batch_demand(b), 16)
+    rows = 2 * int(spark.get("commit_rows") or 50_000)
+    return max(batch_demand(b), min(1024, math.ceil(rows / (b.batch_size * b.concurrency)) + 1))
 
 
 def auto_prefetch(config: Any) -> int:
     """Per-producer prefetch that never starves the topology (the seeds' pitfall).
 
     Every processor can hold ``max_demand`` messages and every batcher a batch in the
-    making plus the batches its batch processors asked for; whatever the broker holds
-    back beyond what the prefetch allows is demand that waits for nothing.  Split over the
-    producers, rounded up.
+    making plus what its batch processors ask for; whatever the broker holds back beyond
+    what the prefetch allows is demand that waits for nothing.  Split over the producers,
+    rounded up.
     """
     proc = config.processors[PROCESSOR_KEY]
     need = proc.concurrency * proc.max_demand + sum(
         (b.batch_size if not b.batch_bytes else b.upstream_demand)
-        * (1 + b.concurrency * batch_demand(b))
+        * (1 + b.concurrency * batch_processor_demand(b, config.spark))
         for b in config.batchers.values())
     return min(AMQP_MAX_PREFETCH, max(1, math.ceil(need / config.producer.concurrency)))
 
@@ -93,9 +121,9 @@ def build(config: Any, *, stage_env: Callable[[str], dict[str, str]] | None = No
 
     ``stage_env(stage_id)`` adds environment for every stage (metrics dir, log settings);
     ``spark_child`` is the local Spark server's worker spec (None: no local server);
-    ``batch_processor_env()`` is evaluated at each batch-processor start (the Spark token
-    of the current server incarnation); ``spark_settings`` is handed to the batch
-    processors' Spark sink.
+    ``batch_processor_env()`` is evaluated at each committer start (the Spark token of the
+    current server incarnation); ``spark_settings`` (None: no Spark sink) is handed to the
+    committers' Spark sink.
     """
     p = config.pipeline
     rt = config.runtime
@@ -153,6 +181,19 @@ def build(config: Any, *, stage_env: Callable[[str], dict[str, str]] | None = No
         topo.batchers.append(bid)
         bp_ids = [f"batch_processor_{key}_{i}" for i in range(b.concurrency)]
         topo.batch_processors.extend(bp_ids)
+        committer = None
+        bp_spark = None
+        cid = ""
+        if spark_settings is not None:
+            cid = f"committer_{key}"
+            topo.committers.append(cid)
+            bp_spark = {"partition_by": list(spark_settings.get("partition_by") or [])}
+            # waits for its running job at shutdown (bounded by write_timeout)
+            committer = worker(StageSpec(id=cid, role="committer", batcher=key,
+                                         spark=spark_settings, **base),
+                               heartbeat=b.heartbeat_timeout, env_fn=batch_processor_env,
+                               shutdown=max(10.0, p.shutdown_timeout))
+        bp_demand = batch_processor_demand(b, spark_settings)
         batcher = worker(StageSpec(
             id=bid, role="batcher", upstream=tuple(topo.processors), batcher=key,
             batch_size=b.batch_size, batch_bytes=b.batch_bytes, batch_timeout=b.batch_timeout,
@@ -161,17 +202,18 @@ def build(config: Any, *, stage_env: Callable[[str], dict[str, str]] | None = No
             heartbeat=b.heartbeat_timeout, memory=b.memory_limit)
         bps = [worker(StageSpec(
             id=bp, role="batch_processor", index=i, upstream=(bid,),
-            producers=tuple(topo.producers), batcher=key, max_demand=batch_demand(b),
-            min_demand=batch_demand(b) // 2, partition_by=b.partition_by,
-            spark=spark_settings, **base),
-            heartbeat=b.heartbeat_timeout, memory=b.memory_limit, env_fn=batch_processor_env,
+            producers=tuple(topo.producers), batcher=key, max_demand=bp_demand,
+            min_demand=bp_demand // 2, partition_by=b.partition_by,
+            spark=bp_spark, committer=cid, **base),
+            heartbeat=b.heartbeat_timeout, memory=b.memory_limit,
             shutdown=max(10.0, p.shutdown_timeout))
             for i, bp in enumerate(bp_ids)]
         batcher_sups.append(SupervisorSpec(
             id=f"BatcherSupervisor_{key}", strategy=Strategy.REST_FOR_ONE,
-            children=[batcher, SupervisorSpec(
-                id=f"BatchProcessorSupervisor_{key}", strategy=Strategy.ONE_FOR_ALL,
-                max_restarts=0, children=bps)]))
+            children=[*([committer] if committer is not None else []), batcher,
+                      SupervisorSpec(id=f"BatchProcessorSupervisor_{key}",
+                                     strategy=Strategy.ONE_FOR_ALL, max_restarts=0,
+                                     children=bps)]))
 
     children: list = []
     if spark_child is not None:

@@ -1,27 +1,35 @@
-"""The batch processor stage: ``handle_batch``, the Spark write, then the acks.
+"""The batch processor stage: ``handle_batch``, the hand-off to Spark, then the acks.
 
-It asks its batcher for one batch at a time plus one in reserve.  A message is acked only
-after its batch is written (or, with no Spark sink, after ``handle_batch`` returned it):
-that is the point where "nothing lost" is decided.  A message that ``handle_batch``
-leaves out of its result is failed ("not returned by handle_batch"), never dropped
-silently.  When the batcher cancels (the drain), the stage reports ``done`` to the daemon.
+It asks its batcher for ``max_demand`` batches at a time.  A message is acked only after
+its batch is written (or, with no Spark sink, after ``handle_batch`` returned it): that is
+the point where "nothing lost" is decided.  A message that ``handle_batch`` leaves out of
+its result is failed ("not returned by handle_batch"), never dropped silently.  When the
+batcher cancels (the drain), the stage reports ``done`` to the daemon once every batch it
+holds is finished.
+
+With Spark, a batch's rows become one Arrow table here (:mod:`.spark_rows`: a message
+that does not fit the schema fails alone, now) and go to the batcher's committer
+(:mod:`.committer`), which commits the batches of all batch processors together; the
+batch is acked when the committer answers.  Demand for the next batch is given back only
+then, so the batches waiting for Spark are bounded by ``max_demand`` (sized by the
+topology from the commit size) and a stalled Spark stops the pipeline upstream.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from typing import Any
 
 import zmq
-from offbroadway import BatchInfo
-from offbroadway.supervision import child
+from offbroadway import BatchInfo, Message
 
 from . import callbacks, protocol
 from .acker import Acker
 from .consumer import Subscriptions
 from .spec import StageSpec
-from .stage import Stage, StageExit, load_handler
+from .stage import Stage, load_handler
 
 log = logging.getLogger("offbroadway.batch_processor")
 
@@ -32,17 +40,14 @@ class BatchProcessorStage(Stage):
         self.handler = load_handler(spec.handler)
         self.context = spec.context
         self.subs = Subscriptions(spec.max_demand, spec.min_demand, counters=self.counters)
-        self.sink = None
+        self.spark = _SparkHandoff(self) if spec.spark is not None else None
         self.counters.update(batches=0)
         #: handled messages whose ACK goes out at the end of this wake-up
         self._ok: list = []
 
     def setup(self) -> None:
-        if self.spec.spark:
-            from .spark_sink import SparkSink  # pyspark stays out of every other stage
-
-            self.sink = SparkSink(**self.spec.spark, writer_id=self.id, on_wait=child.heartbeat,
-                                  should_stop=lambda: not self.running)
+        if self.spark is not None:
+            self.spark.connect()
         socks = [self.dealer(p) for p in self.spec.producers]
         for sock in socks:
             self.register(sock, self._on_producer)
@@ -53,8 +58,8 @@ class BatchProcessorStage(Stage):
         self.register(sock, self._on_upstream)
 
     def teardown(self) -> None:
-        if self.sink is not None:
-            self.sink.close()   # an open Connect session can hang the process's exit in grpc
+        if self.spark is not None:
+            self.spark.abandon()
 
     def _on_producer(self, sock: zmq.Socket) -> None:
         # Producers only ever cancel an unknown subscription here; nothing to do.
@@ -71,27 +76,30 @@ class BatchProcessorStage(Stage):
             if msg is None:
                 continue
             if msg[protocol.KIND_AT] == protocol.BATCH:
-                self._handle(msg[protocol.BATCH_KEY], msg[protocol.BATCH_TRIGGER],
+                self._handle(up, msg[protocol.BATCH_KEY], msg[protocol.BATCH_TRIGGER],
                              msg[protocol.BATCH_PACKED])
-                self.subs.consumed(up, 1)
             elif msg[protocol.KIND_AT] == protocol.CANCEL:
                 self._ack()
                 self.subs.cancelled(up, msg[protocol.VALUE])
-                if self.subs.all_done:
-                    self.report("done", self.stats())   # final counts: the last tick may be older
+                self._maybe_done()
         self._ack()
+
+    def _maybe_done(self) -> None:
+        if self.subs.all_done and (self.spark is None or not self.spark.holding):
+            self.report("done", self.stats())   # final counts: the last tick may be older
 
     def _ack(self) -> None:
         if self._ok:
             ok, self._ok = self._ok, []
             self.acker.finish(ok, ())
 
-    def _handle(self, batch_key: Any, trigger: str, packed: bytes) -> None:
+    def _handle(self, up: Any, batch_key: Any, trigger: str, packed: bytes) -> None:
         try:
             events = protocol.open_events(packed)
         except protocol.ProtocolError as exc:
             self.counters["malformed"] += 1
             log.warning("%s: dropped a malformed batch: %s", self.id, exc)
+            self.subs.consumed(up, 1)
             return
         self.counters["in"] += len(events)
         self.counters["batches"] += 1
@@ -101,29 +109,147 @@ class BatchProcessorStage(Stage):
                          self.spec.index if self.spec.partition_by else None)
         started = time.perf_counter()
         rows = callbacks.handle_batch(self.handler, batcher, messages, info, self.context)
-        wrote = time.perf_counter()
-        if self.sink is not None and rows:
-            from .spark_sink import WriteAbandoned
-
-            try:
-                self.sink.write(batcher, rows)   # marks the messages it could not write failed
-            except WriteAbandoned:
-                # told to stop (SIGTERM) while Spark was failing: ack nothing; the producers
-                # requeue this batch when we exit, as for any stage that dies holding messages
-                log.warning("%s: stopping; a batch of %d left unacked (Spark write abandoned "
-                            "between retries)", self.id, len(rows))
-                raise StageExit from None
-            self.metrics.observe("spark_write", time.perf_counter() - wrote, batcher)
-        self.metrics.observe("handle_batch", wrote - started, batcher)
+        self.metrics.observe("handle_batch", time.perf_counter() - started, batcher)
         self.metrics.observe("batch_size", len(messages), batcher)
+        if self.spark is not None and rows:
+            self.spark.hand_off(up, trigger, messages, rows)   # finished on the answer
+            return
+        self.finish(up, messages, rows)
+
+    def finish(self, up: Any, messages: list[Message], rows: list[Message]) -> None:
+        """Ack what was written, fail the rest, and give the batch's demand back."""
         ok = [m for m in rows if m.status is None]
         failed = [m for m in messages if m.status is not None]
         self.counters["out"] += len(ok)
-        if self.sink is None and not failed:
+        if self.spark is None and not failed:
             # acked once per wake-up (the drain's end), not once per batch: one ACK frame
-            # per producer for every batch read together; a write to Spark, which can end
-            # the stage between batches, is acked at once
+            # per producer for every batch read together
             self._ok.extend(ok)
+        else:
+            self.acker.finish(self._ok + ok if self._ok else ok, failed)
+            self._ok = []
+        self.subs.consumed(up, 1)
+
+
+class _SparkHandoff:
+    """The batch processor's side of its committer (:mod:`.spark_wire` records)."""
+
+    def __init__(self, stage: BatchProcessorStage) -> None:
+        self.stage = stage
+        self.partition_by = tuple((stage.spec.spark or {}).get("partition_by") or ())
+        self.schema: Any = None              # pa.Schema of the data columns, once known
+        self.schema_bytes: bytes | None = None
+        self.schema_error: str | None = None
+        self.schema_known = False            # the committer answered HELLO
+        self.queued: list[tuple] = []        # batches that came before that answer
+        # refs start at random so a new incarnation never takes an old one's answer
+        self.next_ref = secrets.randbits(48)
+        self.pending: dict[int, tuple[Any, list[Message], list[Message], float]] = {}
+
+    @property
+    def holding(self) -> bool:
+        return bool(self.pending or self.queued)
+
+    def connect(self) -> None:
+        from . import spark_wire
+
+        stage = self.stage
+        self.sock = stage.dealer(stage.spec.committer)
+        stage.register(self.sock, self._on_committer)
+        self.sock.send(spark_wire.hello())
+
+    def hand_off(self, up: Any, trigger: str, messages: list[Message],
+                 rows: list[Message]) -> None:
+        if not self.schema_known:
+            self.queued.append((up, trigger, messages, rows))
             return
-        self.acker.finish(self._ok + ok if self._ok else ok, failed)
-        self._ok = []
+        from . import spark_rows, spark_wire
+
+        todo: list[Message] = []
+        for m in rows:
+            if m.status is None:
+                m.status = self.schema_error or spark_rows.check_data(m.data)
+                if m.status is None:
+                    todo.append(m)
+        if todo and self.schema is None:
+            schema = spark_rows.infer_schema([m.data for m in todo])
+            missing = [c for c in self.partition_by if c not in schema.names]
+            if missing:
+                reason = f"spark: partition_by column {missing[0]!r} is not in the schema"
+                for m in todo:
+                    m.status = reason
+                todo = []
+            else:
+                self.schema = schema
+        table = None
+        if todo:
+            table, bad = spark_rows.to_table(self.schema, [str(m.id) for m in todo],
+                                             [m.data for m in todo])
+            if bad:
+                for i, reason in bad.items():
+                    todo[i].status = f"spark: {reason}"
+                log.warning("%s: %d of %d message(s) do not fit the schema; e.g. %s",
+                            self.stage.id, len(bad), len(todo), next(iter(bad.values())))
+        if table is None:
+            self.stage.finish(up, messages, rows)
+            return
+        ref = self.next_ref
+        self.next_ref += 1
+        self.sock.send(spark_wire.commit(ref, trigger, len(table), spark_rows.to_ipc(table)))
+        self.pending[ref] = (up, messages, rows, time.perf_counter())
+
+    def _on_committer(self, sock: zmq.Socket) -> None:
+        from . import spark_wire
+
+        stage = self.stage
+        while True:
+            try:
+                frame = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            try:
+                msg = spark_wire.decode(frame)
+            except spark_wire.WireError as exc:
+                stage.counters["malformed"] += 1
+                log.warning("%s: dropped a malformed frame from the committer: %s", stage.id, exc)
+                continue
+            if msg[0] == spark_wire.SCHEMA:
+                self._adopt(msg[1])
+                self.schema_error = msg[2]
+                self.schema_known = True
+                queued, self.queued = self.queued, []
+                for item in queued:
+                    self.hand_off(*item)
+            elif msg[0] == spark_wire.RESULT:
+                ref, error, schema_ipc = msg[1:]
+                entry = self.pending.pop(ref, None)
+                if entry is None:
+                    continue   # an answer for an earlier incarnation of this stage
+                self._adopt(schema_ipc)
+                up, messages, rows, t0 = entry
+                if error:
+                    for m in rows:
+                        if m.status is None:
+                            m.status = error
+                stage.metrics.observe("spark_write", time.perf_counter() - t0,
+                                      stage.spec.batcher)
+                stage.finish(up, messages, rows)
+                stage._maybe_done()
+
+    def _adopt(self, schema_ipc: bytes | None) -> None:
+        """The dataset's schema, as the committer fixed it: convert to it from now on."""
+        if schema_ipc is not None and schema_ipc != self.schema_bytes:
+            from . import spark_rows
+
+            self.schema = spark_rows.schema_from_ipc(schema_ipc)
+            self.schema_bytes = schema_ipc
+
+    def abandon(self) -> None:
+        """Stopping with batches not yet committed: they stay unacked and the producers
+        deliver them again when this stage is gone."""
+        if self.holding:
+            n = sum(len(e[1]) for e in self.pending.values()) + sum(
+                len(q[2]) for q in self.queued)
+            log.warning("%s: stopping; %d batch(es) of %d message(s) left unacked (Spark "
+                        "write abandoned: not committed yet)", self.stage.id,
+                        len(self.pending) + len(self.queued), n)

@@ -53,8 +53,12 @@ HISTOGRAMS = {
                        (0.00001, 0.0001, 0.001, 0.01, 0.1, 0.5, 1, 5)),
     "handle_batch": ("offbroadway_handle_batch_seconds", "handle_batch time per batch.",
                      (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)),
-    "spark_write": ("offbroadway_spark_write_seconds", "Spark write time per batch.",
+    "spark_write": ("offbroadway_spark_write_seconds",
+                    "Spark commit time: per job (committer) and per batch from hand-off to "
+                    "answer (batch processor).",
                     (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)),
+    "spark_commit_rows": ("offbroadway_spark_commit_rows", "Rows per Spark job (group commit).",
+                          (1000, 5000, 10000, 25000, 50000, 100000, 200000, 500000)),
     "batch_size": ("offbroadway_batch_size_messages", "Messages per batch.",
                    (1, 10, 100, 500, 1000, 2000, 5000, 10000, 50000, 100000)),
 }

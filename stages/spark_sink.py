@@ -1,68 +1,60 @@
-"""The Spark sink of a batch processor: one batch in, rows committed (or messages failed).
+"""The Spark side of a dataset: one Spark Connect session that commits Arrow tables.
 
-Imported only by batch processors that write to Spark: it pulls in pyspark's Connect
+Used by a batcher's committer (:mod:`.committer`), which groups the batches of all its
+batch processors into one Spark job, and by anything that writes batches on its own
+(:meth:`SparkSink.write`: convert and commit in one go).  It pulls in pyspark's Connect
 client (pandas, pyarrow, grpc: ~135 MB, ~0.8 s), which no other stage should pay for.
 
 Where it connects
     ``remote`` (``sc://host:port``) from the settings, else the environment variable
     ``OFFBROADWAY_SPARK_REMOTE`` (the daemon sets it to the *current* local server
-    incarnation at every batch-processor start).  ``sc://127.0.0.1:…`` and
-    ``sc://[::1]:…`` are rewritten to ``sc://localhost:…``: pyspark speaks plaintext over
-    loopback only for the literal host ``localhost`` and otherwise insists on TLS as soon as
-    a token is set (``127.0.0.1`` with a token hangs in a TLS handshake).
+    incarnation at every committer start).  ``sc://127.0.0.1:…`` and ``sc://[::1]:…`` are
+    rewritten to ``sc://localhost:…``: pyspark speaks plaintext over loopback only for the
+    literal host ``localhost`` and otherwise insists on TLS as soon as a token is set
+    (``127.0.0.1`` with a token hangs in a TLS handshake).
 
 Where the token comes from (first that applies; it is never logged, never in a URL)
     1. ``token_file``: a file holding the token (re-read at every new session, so a
        rotated credential is picked up on the next reconnect);
     2. ``token_env``: the name of an environment variable holding it;
-    3. ``OFFBROADWAY_SPARK_TOKEN`` (what the daemon hands each batch processor for the
-       local server);
+    3. ``OFFBROADWAY_SPARK_TOKEN`` (what the daemon hands the committers for the local
+       server);
     4. none (a server without authentication).
 
 What lands where
-    ``<output>/<batcher>/writer=<writer_id>-<stamp>-<rand>/[<partition_by>=…/]part-….parquet``
-    with one row per message: the fields of ``message.data`` (a mapping) plus
-    ``message_id`` (string) and ``ingested_at`` (UTC timestamp of the write).  Read the
-    whole output back as one dataset, e.g. ``spark.read.parquet("<output>/<batcher>")``:
-    Spark discovers ``writer`` (and any ``partition_by`` columns) as partition columns.
+    One dataset per batcher: ``<output>/<batcher>/[<partition_by>=…/]part-….parquet``, one
+    row per message: the fields of ``message.data`` plus ``message_id`` (string) and
+    ``ingested_at`` (UTC timestamp of the commit).  ``spark.read.parquet("<output>/<batcher>")``
+    reads it; no column is added by the layout.
 
-Why a directory per writer incarnation (measured, see docs/design-spark.md)
+How a commit stays safe when jobs overlap (measured, see docs/design-spark.md §4)
     Two Spark jobs appending into one directory share its ``_temporary`` and each job's
-    commit deletes it: two writers x 80 appends of 1000 rows into one directory kept
-    141,500 of the 142,000 rows whose writes *reported success* (silent loss), and 18 of
-    160 writes failed outright.  With a directory per writer: 160,000 of 160,000, no
-    errors.  The directory name also changes whenever a write attempt fails or is
-    abandoned (and at every process start), because a job we lost track of (a client
-    killed mid-write, a timed-out RPC) keeps running in the server and must never share a
-    directory with a new job.  Such a zombie job may still commit: that is a duplicate
-    row, never a lost one (at-least-once; dedupe on ``message_id``).
+    commit deletes it: rows of the other job vanish while its write *reports success*.
+    So no job ever writes into the dataset directory: each attempt writes into a staging
+    directory of its own, ``<dataset>/_staging/<writer_id>-<uuid>`` (hidden from Spark and
+    pyarrow readers by its leading ``_``), and once Spark reported the job committed, its
+    part files (named by Spark with the job's UUID) are renamed into the dataset.  A job we
+    lost track of (a client killed mid-write, a timed-out RPC) can only ever write into its
+    own staging directory, which is never published: its batch is written again by the
+    retry (a duplicate only if the rename itself was interrupted; every row carries
+    ``message_id`` for ``dropDuplicates(["message_id"])``).  The renames need the output to
+    be a filesystem path this process shares with Spark (local, NFS, a mounted volume).
 
 Schema
     ``schema`` is a Spark DDL string (``"seq BIGINT, payload STRING, at TIMESTAMP"``),
-    parsed by the server at the first write; else the schema is inferred from the first
-    batch of each batcher (Arrow's inference; all-null columns become strings) and kept
-    for the life of this sink.  A message fails, alone, with a reason naming the field
-    when its data is not a mapping, has a key outside the schema, a value of the wrong
-    type (integers widen to floats/decimals; strings parse into timestamps/dates; a float
-    never truncates into an integer), or a null in a ``NOT NULL`` column.  ``message_id``
-    and ``ingested_at`` are reserved.  Declare ``schema`` for types that must not drift
-    between writers and restarts.  Nested values (struct/array/map) use Arrow's own
-    conversion, which ignores unknown keys inside a struct.
+    parsed by the server (:meth:`SparkSink.data_schema`); else the schema is inferred from
+    the first batch (see :mod:`.spark_rows` for the strict conversion rules).  ``message_id``
+    and ``ingested_at`` are reserved.
 
 Faults
-    The Spark call runs in a helper thread while this thread calls ``on_wait()`` (the
-    batch processor's heartbeat) every second, so a long write does not trip the
-    supervisor's watchdog.  Transient failures (Connect unreachable, gRPC UNAVAILABLE,
-    a lost session, a failed Spark job) are retried with exponential backoff and jitter
-    (tenacity) for up to ``write_retry_seconds``; a batch that still fails, or one that
-    Spark rejects outright (analysis errors, a bad DDL), marks every message with a
-    reason.  ``write`` never raises for data or Spark problems, and no message keeps
-    ``status = None`` unless its row was committed by a job that reported success.
-    A single Spark call that runs past ``write_timeout`` (default 600 s) is abandoned
-    (its channel closed) and counts as a failed attempt.  Duplicates can only come from
-    a write whose outcome is unknown (connection lost mid-write, timeout, server killed
-    mid-commit): the retry goes to a fresh directory, so nothing is lost, and every row
-    carries its ``message_id`` for ``dropDuplicates(["message_id"])``.
+    The Spark call runs in a helper thread while this thread calls ``on_wait()`` every
+    second, so a long write does not trip a watchdog.  Transient failures (Connect
+    unreachable, gRPC UNAVAILABLE, a lost session, a failed Spark job) are retried with
+    exponential backoff and jitter (tenacity) for up to ``write_retry_seconds``; a commit
+    that still fails, or one that Spark rejects outright (analysis errors, a bad DDL),
+    raises :class:`CommitFailed` with a reason.  A single Spark call that runs past
+    ``write_timeout`` (default 600 s) is abandoned (its channel closed) and counts as a
+    failed attempt.
 """
 
 from __future__ import annotations
@@ -71,11 +63,12 @@ import atexit
 import logging
 import os
 import re
+import shutil
 import threading
 import time
+import uuid
 import warnings
 import weakref
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -101,9 +94,10 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 
 from .redact import mask_url
+from .spark_rows import INGESTED_TYPE, RESERVED, check_data, infer_schema, to_table
 
-__all__ = ["ENV_REMOTE", "ENV_TOKEN", "FORMATS", "RESERVED", "WRITER_COLUMN", "SparkSink",
-           "WriteAbandoned"]
+__all__ = ["ENV_REMOTE", "ENV_TOKEN", "FORMATS", "RESERVED", "STAGING", "CommitFailed",
+           "SparkSink", "WriteAbandoned", "publish"]
 
 log = logging.getLogger("offbroadway.spark_sink")
 # pyspark warns each time its (deliberately short) client retry policy gives up; our own
@@ -113,9 +107,8 @@ warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]")
 ENV_REMOTE = "OFFBROADWAY_SPARK_REMOTE"
 ENV_TOKEN = "OFFBROADWAY_SPARK_TOKEN"
 FORMATS = ("parquet", "json", "orc")
-RESERVED = ("message_id", "ingested_at")
-WRITER_COLUMN = "writer"
-INGESTED_TYPE = pa.timestamp("us", tz="UTC")
+#: where each job writes before its files are published into the dataset
+STAGING = "_staging"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 #: Errors that say "this plan/data is wrong": retrying cannot help.
@@ -190,137 +183,6 @@ def normalize_remote(remote: str) -> str:
     return remote
 
 
-# -- Arrow conversion --------------------------------------------------------------------
-
-def _nested(t: pa.DataType) -> bool:
-    return (pa.types.is_struct(t) or pa.types.is_list(t) or pa.types.is_large_list(t)
-            or pa.types.is_map(t) or pa.types.is_fixed_size_list(t))
-
-
-def _castable(src: pa.DataType, dst: pa.DataType) -> bool:
-    """The conversions a value may take on its way into a declared column.
-
-    Arrow would cast far more (int→string, "1"→int, and from Python a float silently
-    truncates into an int64): accepting those would store something other than what the
-    producer sent, so they fail the message instead.
-    """
-    T = pa.types
-    if src == dst or T.is_null(src):
-        return True
-    if T.is_integer(src):
-        return T.is_integer(dst) or T.is_floating(dst) or T.is_decimal(dst)
-    if T.is_floating(src):   # a safe cast: 2.0 → 2 passes, 2.5 → int fails
-        return T.is_floating(dst) or T.is_integer(dst) or T.is_decimal(dst)
-    if T.is_decimal(src):
-        return T.is_decimal(dst) or T.is_floating(dst)
-    if T.is_string(src) or T.is_large_string(src):
-        return (T.is_string(dst) or T.is_large_string(dst) or T.is_timestamp(dst)
-                or T.is_date(dst) or T.is_decimal(dst))
-    if T.is_binary(src) or T.is_large_binary(src):
-        return T.is_binary(dst) or T.is_large_binary(dst)
-    if T.is_timestamp(src) or T.is_date(src):
-        return T.is_timestamp(dst) or T.is_date(dst)
-    return False
-
-
-def _convert(values: list, field: pa.Field) -> pa.Array:
-    """One column, strictly (see :func:`_castable`); raises on any value that does not fit."""
-    dst = field.type
-    if _nested(dst):
-        arr = pa.array(values, type=dst)
-    else:
-        arr = pa.array(values)          # Arrow's inference: mixed Python types raise here
-        if arr.type != dst:
-            if not _castable(arr.type, dst):
-                raise TypeError(f"expected {dst}, got {arr.type}")
-            if pa.types.is_string(arr.type) and pa.types.is_timestamp(dst) and dst.tz:
-                try:
-                    arr = arr.cast(dst)
-                except pa.ArrowInvalid:  # no offset in the text: read it as UTC
-                    arr = arr.cast(pa.timestamp(dst.unit)).cast(dst)
-            else:
-                arr = arr.cast(dst)
-    if not field.nullable and arr.null_count:
-        raise ValueError("is NOT NULL but the value is missing or null")
-    return arr
-
-
-_CONVERT_ERRORS = (pa.ArrowException, TypeError, ValueError, OverflowError)
-
-
-def infer_schema(rows: Sequence[Mapping[str, Any]]) -> pa.Schema:
-    """Columns in first-seen order, typed by Arrow's inference over the whole batch.
-
-    A column whose values disagree takes the type of its first value that converts (the
-    others then fail their messages); an all-null column becomes a string.
-    """
-    names: dict[str, None] = {}
-    for row in rows:
-        for key in row:
-            names.setdefault(key, None)
-    fields = []
-    for name in names:
-        values = [row.get(name) for row in rows]
-        try:
-            t = pa.array(values).type
-        except _CONVERT_ERRORS:
-            t = pa.null()
-            for v in values:
-                if v is None:
-                    continue
-                try:
-                    t = pa.array([v]).type
-                    break
-                except _CONVERT_ERRORS:
-                    continue
-        if pa.types.is_null(t):
-            t = pa.string()
-        fields.append(pa.field(name, t))
-    return pa.schema(fields)
-
-
-def rows_to_table(schema: pa.Schema, rows: list[Mapping[str, Any]]
-                  ) -> tuple[dict[str, pa.Array], dict[int, str]]:
-    """Columns for the rows that fit ``schema``, and ``{row index: reason}`` for the rest.
-
-    Fast path: one ``pa.array`` per column.  Only a column that fails is converted value by
-    value to find the culprits, which are then dropped from every column and the columns
-    rebuilt, so one bad row costs the batch one slow pass, not the batch.
-    """
-    bad: dict[int, str] = {}
-    known = set(schema.names)
-    for i, row in enumerate(rows):
-        extra = [k for k in row if k not in known]
-        if extra:
-            bad[i] = (f"field {extra[0]!r} is not in the schema "
-                      f"({', '.join(schema.names) or 'no columns'})")
-    while True:
-        keep = [i for i in range(len(rows)) if i not in bad]
-        columns: dict[str, pa.Array] = {}
-        new_bad = False
-        for field in schema:
-            values = [rows[i].get(field.name) for i in keep]
-            try:
-                columns[field.name] = _convert(values, field)
-                continue
-            except _CONVERT_ERRORS:
-                pass
-            pieces = []
-            for i, v in zip(keep, values):
-                try:
-                    pieces.append(_convert([v], field))
-                except _CONVERT_ERRORS as exc:
-                    bad[i] = f"field {field.name!r} does not fit the schema: {exc}"
-                    new_bad = True
-            if new_bad:
-                break   # drop the culprits from every column and rebuild
-            # every value fits on its own (say, timestamps in two text styles): keep them
-            columns[field.name] = pa.concat_arrays(pieces) if pieces else \
-                pa.array([], field.type)
-        if not new_bad:
-            return columns, bad
-
-
 # -- the sink ----------------------------------------------------------------------------
 
 _open_sinks: weakref.WeakSet[SparkSink] = weakref.WeakSet()
@@ -337,8 +199,18 @@ def _close_open_sinks() -> None:
         sink.close()
 
 
+class CommitFailed(Exception):
+    """A Spark job did not commit.  ``permanent``: retrying the same rows cannot help
+    (Spark rejected the plan or data); else the retry bound ran out."""
+
+    def __init__(self, reason: str, *, permanent: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.permanent = permanent
+
+
 class SparkSink:
-    """Writes batches through one Spark Connect session (see the module docstring)."""
+    """Commits Arrow tables through one Spark Connect session (see the module docstring)."""
 
     def __init__(self, *, remote: str | None = None, output: str, format: str = "parquet",
                  partition_by: Sequence[str] = (), schema: str | None = None,
@@ -357,7 +229,7 @@ class SparkSink:
         if not _SAFE_NAME.match(writer_id):
             raise ValueError(f"writer_id {writer_id!r} is not a safe directory name")
         for col in partition_by:
-            if col in RESERVED or col == WRITER_COLUMN:
+            if col in RESERVED:
                 raise ValueError(f"partition_by cannot use the reserved column {col!r}")
         self.remote = normalize_remote(remote)
         self.output = output.rstrip("/")
@@ -377,52 +249,111 @@ class SparkSink:
         self._arrow_schema: pa.Schema | None = None     # from the DDL, data columns only
         self._inferred: dict[str, pa.Schema] = {}
         self._permanent_error: str | None = None
-        self._rotate()
+        self._swept: set[str] = set()
         self.stats = {"writes": 0, "rows": 0, "retries": 0, "failed_batches": 0,
                       "failed_rows": 0}
         _open_sinks.add(self)
 
     # -- public ----------------------------------------------------------------------------
-    def writer_path(self, batcher: str) -> str:
-        """Where this sink's next write for ``batcher`` goes (changes after any failure)."""
-        return f"{self.output}/{batcher}/{WRITER_COLUMN}={self.writer_dir}"
+    def dataset_path(self, batcher: str) -> str:
+        """The one dataset of ``batcher``: ``spark.read.parquet(<this>)``."""
+        if not _SAFE_NAME.match(batcher):
+            raise ValueError(f"batcher {batcher!r} is not a safe directory name")
+        return f"{self.output}/{batcher}"
+
+    def data_schema(self) -> pa.Schema | None:
+        """The DDL's data columns as Arrow (parsed by the server, retried like a write), or
+        None without a DDL.  Raises :class:`CommitFailed` (``permanent``: a bad DDL, which
+        every later call reports at once) or :class:`WriteAbandoned`."""
+        if self.ddl is None:
+            return None
+        if self._permanent_error is not None:
+            raise CommitFailed(self._permanent_error, permanent=True)
+        return self._retrying(lambda: self._ddl_schema(self._session()), "parsing the schema")
+
+    def commit(self, batcher: str, table: pa.Table) -> None:
+        """One Spark job appending ``table`` (data columns + ``message_id``) to the dataset.
+
+        The job writes into a staging directory of its own under ``<dataset>/_staging/``
+        and the part files are then renamed into the dataset (module docstring).  Retried
+        on transient errors within ``write_retry_seconds``; raises :class:`CommitFailed`
+        or :class:`WriteAbandoned`; returns only once the rows are in the dataset."""
+        dataset = self.dataset_path(batcher)
+        if self._permanent_error is not None:
+            raise CommitFailed(self._permanent_error, permanent=True)
+        self._sweep(dataset)
+        table = table.append_column(pa.field("ingested_at", INGESTED_TYPE, nullable=False),
+                                    pa.repeat(pa.scalar(datetime.now(UTC), INGESTED_TYPE),
+                                              len(table)))
+        self._retrying(lambda: self._attempt(dataset, table), f"writing {dataset}")
+        self.stats["writes"] += 1
+        self.stats["rows"] += len(table)
 
     def write(self, batcher: str, messages: list[Message]) -> None:
-        """Commit one row per healthy message; mark the others ``failed`` with a reason.
+        """Convert and commit in one go (one process, no committer): one row per healthy
+        message; the others are marked ``failed`` with a reason.
 
         Raises :class:`WriteAbandoned` (and marks nothing) when ``should_stop()`` turns true
         while a failed attempt waits for the next one."""
-        if not _SAFE_NAME.match(batcher):
-            raise ValueError(f"batcher {batcher!r} is not a safe directory name")
+        self.dataset_path(batcher)   # checks the name
         todo: list[Message] = []
         for m in messages:
-            if m.status is not None:
-                continue
-            if not isinstance(m.data, Mapping):
-                m.status = f"spark: message data is a {type(m.data).__name__}, not a mapping"
-            elif any(not isinstance(k, str) for k in m.data):
-                m.status = "spark: message data has a key that is not a string"
-            elif any(k in m.data for k in RESERVED):
-                hit = next(k for k in RESERVED if k in m.data)
-                m.status = f"spark: message data uses the reserved column {hit!r}"
-            else:
-                todo.append(m)
+            if m.status is None:
+                m.status = check_data(m.data)
+                if m.status is None:
+                    todo.append(m)
         if not todo:
             return
-        if self._permanent_error is not None:
-            self._fail(todo, self._permanent_error)
+        try:
+            schema = self.data_schema()
+        except CommitFailed as exc:
+            self._fail(todo, exc.reason)
             return
-        batch: dict[str, Any] = {"table": None, "rows": todo}
+        if schema is None:
+            schema = self._inferred.get(batcher)
+            if schema is None:
+                schema = infer_schema([m.data for m in todo])
+                self._inferred[batcher] = schema
+        missing = [c for c in self.partition_by if c not in schema.names]
+        if missing:
+            self._fail(todo, f"spark: partition_by column {missing[0]!r} is not in the schema")
+            return
+        table, bad = to_table(schema, [str(m.id) for m in todo], [m.data for m in todo])
+        if bad:
+            for i, reason in bad.items():
+                todo[i].status = f"spark: {reason}"
+            self.stats["failed_rows"] += len(bad)
+            log.warning("%d of %d message(s) do not fit the schema; e.g. %s",
+                        len(bad), len(todo), next(iter(bad.values())))
+            todo = [m for i, m in enumerate(todo) if i not in bad]
+        if table is None:
+            return
+        try:
+            self.commit(batcher, table)
+        except CommitFailed as exc:
+            self._fail(todo, exc.reason)
+
+    def close(self) -> None:
+        """Release the server-side session (best effort; call at stage teardown)."""
+        spark, self._spark = self._spark, None
+        if spark is not None:
+            try:
+                spark.stop()
+            except Exception:
+                pass
+
+    # -- internals ---------------------------------------------------------------------------
+    def _retrying(self, fn: Callable[[], Any], what: str) -> Any:
         t0 = time.monotonic()
         attempts = 0
 
-        def attempt() -> None:
+        def attempt() -> Any:
             nonlocal attempts
             attempts += 1
-            self._attempt(batcher, batch)
+            return fn()
 
         try:
-            tenacity.Retrying(
+            return tenacity.Retrying(
                 retry=tenacity.retry_if_exception(transient),
                 stop=tenacity.stop_after_delay(self.write_retry_seconds),
                 wait=tenacity.wait_exponential_jitter(multiplier=0.5, max=5.0, jitter=0.5),
@@ -435,36 +366,16 @@ class SparkSink:
         except _Permanent as exc:
             if exc.sticky:
                 self._permanent_error = str(exc)
-            self._fail(batch["rows"], str(exc))
-            return
+            raise CommitFailed(str(exc), permanent=True) from None
         except Exception as exc:
             took = time.monotonic() - t0
             if transient(exc):
                 reason = (f"spark: write failed after {attempts} attempt(s) over {took:.0f} s "
                           f"(retry bound {self.write_retry_seconds:.0f} s): {_one_line(exc)}")
-            else:
-                reason = f"spark: write failed: {_one_line(exc)}"
-                log.exception("Spark write to %s failed", self.writer_path(batcher))
-            self._fail(batch["rows"], reason)
-            return
-        n = len(batch["rows"])
-        self.stats["writes"] += 1
-        self.stats["rows"] += n
-
-    def close(self) -> None:
-        """Release the server-side session (best effort; call at stage teardown)."""
-        spark, self._spark = self._spark, None
-        if spark is not None:
-            try:
-                spark.stop()
-            except Exception:
-                pass
-
-    # -- internals ---------------------------------------------------------------------------
-    def _rotate(self) -> None:
-        """A fresh directory name: no job we lost track of may share it (module docstring)."""
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        self.writer_dir = f"{self.writer_id}-{stamp}-{os.urandom(3).hex()}"
+                raise CommitFailed(reason) from None
+            log.exception("Spark: %s failed", what)
+            raise CommitFailed(f"spark: write failed: {_one_line(exc)}",
+                               permanent=True) from None
 
     def _fail(self, messages: list[Message], reason: str) -> None:
         for m in messages:
@@ -530,15 +441,21 @@ class SparkSink:
             raise box["error"]
         return box.get("value")
 
-    def _attempt(self, batcher: str, batch: dict[str, Any]) -> None:
+    def _sweep(self, dataset: str) -> None:
+        """Once per dataset: remove staging directories an earlier incarnation of this
+        writer left (a job it lost track of may still write there; nothing ever reads
+        them, and removing them makes such a job fail instead of leaving files)."""
+        if dataset in self._swept:
+            return
+        self._swept.add(dataset)
+        staging = Path(dataset) / STAGING
+        for old in staging.glob(f"{self.writer_id}-*") if staging.is_dir() else ():
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _attempt(self, dataset: str, table: pa.Table) -> None:
+        stage = f"{dataset}/{STAGING}/{self.writer_id}-{uuid.uuid4().hex}"
         try:
             spark = self._session()
-            if batch["table"] is None:
-                batch["table"] = self._build(spark, batcher, batch)
-                if batch["table"] is None:
-                    return   # every row failed conversion: nothing to write
-            table: pa.Table = batch["table"]
-            path = self.writer_path(batcher)
 
             def run() -> None:
                 df = spark.createDataFrame(table, schema=self._spark_schema) \
@@ -548,47 +465,19 @@ class SparkSink:
                     writer = writer.partitionBy(*self.partition_by)
                 if self.options:
                     writer = writer.options(**self.options)
-                writer.save(path)
+                writer.save(stage)
 
             self._call(run)
-        except (_Permanent, _Timeout):
-            self._rotate()
-            raise
         except Exception as exc:
-            # Whatever happened, a job we no longer track may still run: new directory.
-            self._rotate()
+            # A job we no longer track may still run and write into this staging
+            # directory: it is never published; remove what is there now.
+            shutil.rmtree(stage, ignore_errors=True)
             if isinstance(exc, _PERMANENT):
                 raise _Permanent(f"spark: Spark rejected the batch: {_one_line(exc)}") from exc
             if transient(exc):
                 self._drop_session()
             raise
-
-    def _build(self, spark: SparkSession, batcher: str, batch: dict[str, Any]) -> pa.Table | None:
-        """The batch as an Arrow table; messages that do not fit are failed here."""
-        messages: list[Message] = batch["rows"]
-        if self.ddl is not None:
-            schema = self._ddl_schema(spark)
-        else:
-            schema = self._inferred.get(batcher)
-            if schema is None:
-                schema = infer_schema([m.data for m in messages])
-                self._check_partition_columns(schema.names, "the inferred schema")
-                self._inferred[batcher] = schema
-        columns, bad = rows_to_table(schema, [m.data for m in messages])
-        if bad:
-            for i, reason in bad.items():
-                messages[i].status = f"spark: {reason}"
-            self.stats["failed_rows"] += len(bad)
-            log.warning("%d of %d message(s) do not fit the schema; e.g. %s",
-                        len(bad), len(messages), next(iter(bad.values())))
-            messages = [m for i, m in enumerate(messages) if i not in bad]
-            batch["rows"] = messages
-        if not messages:
-            return None
-        now = datetime.now(UTC)
-        columns["message_id"] = pa.array([str(m.id) for m in messages], pa.string())
-        columns["ingested_at"] = pa.repeat(pa.scalar(now, INGESTED_TYPE), len(messages))
-        return pa.table(columns)
+        publish(stage, dataset)
 
     def _ddl_schema(self, spark: SparkSession) -> pa.Schema:
         if self._arrow_schema is None:
@@ -601,11 +490,14 @@ class SparkSink:
             if not isinstance(parsed, StructType) or not parsed.fields:
                 raise _Permanent("spark: the schema DDL does not describe columns", sticky=True)
             names = [f.name for f in parsed.fields]
-            hit = [n for n in names if n in RESERVED or n == WRITER_COLUMN]
+            hit = [n for n in names if n in RESERVED]
             if hit:
                 raise _Permanent(f"spark: the schema declares the reserved column {hit[0]!r}",
                                  sticky=True)
-            self._check_partition_columns(names, "the schema", sticky=True)
+            missing = [c for c in self.partition_by if c not in names]
+            if missing:
+                raise _Permanent(f"spark: partition_by column {missing[0]!r} is not in the "
+                                 f"schema", sticky=True)
             try:
                 arrow = to_arrow_schema(parsed, timezone="UTC")
             except (PySparkException, TypeError, ValueError) as exc:
@@ -617,13 +509,6 @@ class SparkSink:
                 StructField("ingested_at", TimestampType(), False)])
             self._arrow_schema = arrow
         return self._arrow_schema
-
-    def _check_partition_columns(self, names: Sequence[str], what: str, *,
-                                 sticky: bool = False) -> None:
-        missing = [c for c in self.partition_by if c not in names]
-        if missing:
-            raise _Permanent(f"spark: partition_by column {missing[0]!r} is not in {what}",
-                             sticky=sticky)
 
     def _sleep(self, seconds: float) -> None:
         """tenacity's sleep: heartbeat at least once a second while backing off."""
@@ -644,3 +529,24 @@ class SparkSink:
         wait = state.next_action.sleep if state.next_action else 0.0
         log.warning("Spark write attempt %d failed (%s); retrying in %.1f s",
                     state.attempt_number, _one_line(exc) if exc else "?", wait)
+
+
+def publish(stage: str, dataset: str) -> int:
+    """Move a committed job's data files from its staging directory into the dataset.
+
+    Part files are named by Spark with the job's UUID, so they never collide; each rename
+    is atomic on a local or network filesystem.  Hidden files (``_SUCCESS``, ``.crc``) stay
+    behind and go with the staging directory.  Returns the number of files moved."""
+    moved = 0
+    for root, dirs, files in os.walk(stage):
+        dirs[:] = [d for d in dirs if not d.startswith(("_", "."))]
+        rel = os.path.relpath(root, stage)
+        target = dataset if rel == "." else os.path.join(dataset, rel)
+        for name in files:
+            if name.startswith(("_", ".")):
+                continue
+            os.makedirs(target, exist_ok=True)
+            os.rename(os.path.join(root, name), os.path.join(target, name))
+            moved += 1
+    shutil.rmtree(stage, ignore_errors=True)
+    return moved

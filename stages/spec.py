@@ -18,7 +18,7 @@ STAGE_ENV = "OFFBROADWAY_STAGE"
 @dataclass(frozen=True)
 class StageSpec:
     id: str
-    role: str                      # producer | processor | batcher | batch_processor
+    role: str                      # producer | processor | batcher | batch_processor | committer
     pipeline: str
     runtime_dir: str
     handler: str = ""              # "package.module:Class"
@@ -47,8 +47,11 @@ class StageSpec:
     batch_size: int = 100
     batch_bytes: bool = False
     batch_timeout: float = 1.0
-    # batch processor: Spark sink settings, or None (handle_batch is the sink)
+    # committer: the Spark sink settings; batch processor: {"partition_by": [...]} when
+    # its batches go to Spark, or None (handle_batch is the sink)
     spark: dict | None = None
+    # batch processor: the stage id of its batcher's committer (Spark only)
+    committer: str = ""
 
     def to_env(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

@@ -19,11 +19,12 @@ from .spec import StageSpec
 def _roles() -> dict:
     from .batch_processor import BatchProcessorStage
     from .batcher import BatcherStage
+    from .committer import CommitterStage
     from .processor import ProcessorStage
     from .producer import ProducerStage
 
     return {"producer": ProducerStage, "processor": ProcessorStage, "batcher": BatcherStage,
-            "batch_processor": BatchProcessorStage}
+            "batch_processor": BatchProcessorStage, "committer": CommitterStage}
 
 
 #: allocations (net of frees) between young-generation collections in a stage process

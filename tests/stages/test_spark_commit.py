@@ -1,0 +1,114 @@
+"""The pure core of the Spark sink: the group-commit rule, the row conversion, the records
+between batch processors and their committer.  No Spark here (see tests/spark)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from offbroadway.stages import spark_rows, spark_wire
+from offbroadway.stages.spark_commit import CommitGroups, Handed
+
+
+def handed(peer: str, ref: int, rows: int, at: float, trigger: str = "size") -> Handed:
+    return Handed(peer.encode(), ref, rows, trigger, at)
+
+
+def test_a_job_starts_on_rows_or_on_the_oldest_batchs_age():
+    g = CommitGroups(rows=1000, interval=1.0)
+    assert not g.ready(0.0) and g.due_at() is None
+    g.add(handed("a", 1, 400, at=10.0))
+    g.add(handed("b", 1, 400, at=10.5))
+    assert not g.ready(10.9)
+    assert g.due_at() == 11.0
+    assert g.ready(11.0)                       # the oldest waited the interval
+    g.add(handed("a", 2, 200, at=10.6))
+    assert g.waiting_rows == 1000 and g.ready(10.6)   # enough rows, at once
+    job = g.take()
+    assert [(h.peer, h.ref) for h in job] == [(b"a", 1), (b"b", 1), (b"a", 2)]
+    assert len(g) == 0 and g.waiting_rows == 0 and not g.ready(99.0)
+
+
+def test_a_flushed_batch_is_committed_without_waiting():
+    g = CommitGroups(rows=1000, interval=60.0)
+    g.add(handed("a", 1, 10, at=0.0))
+    assert not g.ready(1.0)
+    g.add(handed("a", 2, 5, at=1.0, trigger="flush"))
+    assert g.ready(1.0)
+    assert [h.ref for h in g.take()] == [1, 2]
+    g.add(handed("a", 3, 5, at=2.0))
+    assert not g.ready(2.0), "the flush was counted out with its batch"
+
+
+def test_a_job_takes_at_most_max_rows_but_always_one_batch():
+    g = CommitGroups(rows=100, interval=1.0, max_rows=250)
+    for ref in range(5):
+        g.add(handed("a", ref, 100, at=0.0))
+    assert [h.ref for h in g.take()] == [0, 1]
+    assert [h.ref for h in g.take()] == [2, 3]
+    g.add(handed("a", 9, 1000, at=0.0))        # larger than max_rows on its own
+    assert [h.ref for h in g.take()] == [4]
+    assert [h.ref for h in g.take()] == [9]
+    assert g.waiting_rows == 0
+
+
+def test_a_restarted_batch_processors_waiting_batches_are_forgotten():
+    g = CommitGroups(rows=1000, interval=1.0)
+    g.add(handed("a", 1, 100, at=0.0))
+    g.add(handed("b", 1, 100, at=0.0, trigger="flush"))
+    g.add(handed("a", 2, 100, at=0.0))
+    assert [h.ref for h in g.drop_peer(b"a")] == [1, 2]
+    assert g.waiting_rows == 100 and [h.peer for h in g.take()] == [b"b"]
+    g.add(handed("c", 1, 1, at=5.0, trigger="flush"))
+    g.drop_peer(b"c")
+    g.add(handed("d", 1, 1, at=5.0))
+    assert not g.ready(5.0), "the dropped batch's flush no longer counts"
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError):
+        CommitGroups(rows=0)
+
+
+def test_rows_become_one_table_and_misfits_fail_alone():
+    schema = spark_rows.infer_schema([{"seq": 1, "name": "a"}])
+    rows = [{"seq": 1, "name": "a"}, {"seq": "two", "name": "b"}, {"seq": 3}]
+    table, bad = spark_rows.to_table(schema, ["m1", "m2", "m3"], rows)
+    assert list(bad) == [1] and "seq" in bad[1]
+    assert table.column_names == ["seq", "name", "message_id"]
+    assert table.to_pylist() == [{"seq": 1, "name": "a", "message_id": "m1"},
+                                 {"seq": 3, "name": None, "message_id": "m3"}]
+    assert spark_rows.from_ipc(spark_rows.to_ipc(table)).equals(table)
+    none, bad = spark_rows.to_table(schema, ["x"], [{"seq": 1.5}])
+    assert none is None and list(bad) == [0]
+    assert spark_rows.check_data([1]) and spark_rows.check_data({"message_id": 1})
+    assert spark_rows.check_data({"seq": 1}) is None
+
+
+def test_conform_brings_a_table_to_the_datasets_schema_or_says_why():
+    dataset = pa.schema([pa.field("seq", pa.float64()), pa.field("name", pa.string()),
+                         spark_rows.ID_FIELD])
+    t = pa.table({"seq": pa.array([1, 2]), "message_id": pa.array(["a", "b"])})
+    got = spark_rows.conform(t, dataset)
+    assert got.schema.equals(dataset)
+    assert got.to_pylist()[0] == {"seq": 1.0, "name": None, "message_id": "a"}
+    with pytest.raises(ValueError, match="'extra' is not in the dataset"):
+        spark_rows.conform(t.append_column("extra", pa.array([1, 2])), dataset)
+    with pytest.raises(ValueError, match="'name' is int64"):
+        spark_rows.conform(pa.table({"seq": [1.0], "name": [5], "message_id": ["a"]}),
+                           dataset)
+    schema = spark_rows.schema_from_ipc(spark_rows.schema_to_ipc(dataset))
+    assert schema.equals(dataset)
+
+
+def test_wire_records_round_trip_and_garbage_is_refused():
+    assert spark_wire.decode(spark_wire.hello()) == [spark_wire.HELLO]
+    assert spark_wire.decode(spark_wire.commit(7, "flush", 2, b"ipc")) == \
+        [spark_wire.COMMIT, 7, "flush", 2, b"ipc"]
+    assert spark_wire.decode(spark_wire.result(7, None, None)) == \
+        [spark_wire.RESULT, 7, None, None]
+    assert spark_wire.decode(spark_wire.schema(b"s", "bad ddl")) == \
+        [spark_wire.SCHEMA, b"s", "bad ddl"]
+    for frame in (b"", b"\xc1", spark_wire.hello()[:-1] + b"\x09",
+                  spark_wire.commit(1, "size", 1, b"")[:-3]):
+        with pytest.raises(spark_wire.WireError):
+            spark_wire.decode(frame)
