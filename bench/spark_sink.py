@@ -8,12 +8,12 @@ source emits them, ids ``producer_0-<n>``.  Per batch size:
 
 * **SparkSink**: a Spark Connect server started exactly as the daemon starts it (argv and
   env from ``offbroadway.daemon.spark.plan``, ready on the notify pipe), and 1 or 2 writer
-  processes (each a batch processor's Spark side: ``SparkSink.write`` per batch into its
-  own writer directory).  Timed: ``write()`` only (dict → Arrow conversion, Connect
-  transfer, the Spark job and its commit); the Message objects are built untimed, one
-  batch at a time, as a batch processor receives them.  Each writer first writes 1k-row
-  batches untimed for 10 s (JIT warm-up: steady state is what a daemon lives in), then
-  one untimed write per size.
+  processes (each ``SparkSink.write`` per batch: one Spark job per batch, committed into
+  one shared dataset through a staging directory per job).  Timed: ``write()`` only
+  (dict → Arrow conversion, Connect transfer, the Spark job and its commit); the
+  Message objects are built untimed, one batch at a time, as a batch processor
+  receives them.  Each writer first writes 1k-row batches untimed for 10 s (JIT
+  warm-up: steady state is what a daemon lives in), then one untimed write per size.
 * **pyarrow.parquet**: the same dicts → the same Arrow table (plus ``message_id`` and
   ``ingested_at``) → ``pq.write_table`` into a new file per batch: the physical limit.
 * **classic PySpark**: one ``local[2]`` session in its own process (its own JVM), the same

@@ -273,10 +273,15 @@ def test_sigkill_of_the_daemons_own_spark_server_loses_nothing(short_tmp: Path) 
     n = 12_000
     write_spool(short_tmp / "spool", n, files=3)
     out = short_tmp / "dataset"
-    config = make_config(short_tmp, context={"slow": 0.001}, shutdown_timeout=60.0, batchers={
+    # slow enough that the source is not exhausted before the kill: once it is, the drain
+    # starts and a server restart longer than shutdown_timeout (50-60 s under load) ends
+    # the run with lines still waiting in the spool; small jobs, so that the batch
+    # processors' window (2 x commit_rows) does not fetch the whole input at once
+    config = make_config(short_tmp, context={"slow": 0.004}, shutdown_timeout=60.0, batchers={
         "even": {"batch_size": 1000, "batch_timeout": 1.0},
         "odd": {"batch_size": 1000, "batch_timeout": 1.0}})
-    config.write_text(config.read_text() + spark_section(out, master="local[1]"))
+    config.write_text(config.read_text() + spark_section(out, master="local[1]",
+                                                         commit_rows=2000, commit_interval=0.5))
     sock = short_tmp / "run" / "control.sock"
     daemon = start_daemon(config, "--until-idle")
     try:
