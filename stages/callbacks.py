@@ -63,9 +63,9 @@ def process(handler: Pipeline, messages: list[Message], context: Any,
 def _process(handler: Pipeline, ok: list[Message], failed: list[Message], context: Any,
              batchers: frozenset[str] | set[str], blame: Blame | None
              ) -> tuple[list[Message], list[Message]]:
-    if ok:
-        if blame is not None and getattr(type(handler), "prepare_messages",
-                                         _BASE_PREPARE) is not _BASE_PREPARE:
+    # the base class's pass-through returns its input: nothing to call or check
+    if ok and getattr(type(handler), "prepare_messages", _BASE_PREPARE) is not _BASE_PREPARE:
+        if blame is not None:
             blame.frame(ok)
         given = ok
         try:
@@ -137,6 +137,9 @@ def handle_batch(handler: Pipeline, batcher: str, messages: list[Message], info:
     except CALLBACK_ERRORS as exc:
         fail_all(messages, exc, "handle_batch")
         return []
+    if result is messages and set(map(type, result)) <= {Message}:
+        # ``return messages``, the usual case: every input is in the result
+        return [m for m in result if m.status is None]
     returned = {id(m) for m in result}
     for m in messages:
         if id(m) not in returned and m.status is None:
