@@ -267,4 +267,18 @@ def test_a_second_daemon_on_the_same_runtime_dir_touches_nothing(machine: Machin
     lines = second.stderr.strip().splitlines()
     assert len(lines) == 1 and "another offbroadway daemon" in lines[0], second.stderr
     assert stage_pids(machine, "second") == pids     # the first one still answers
+    # `systemctl reload` (the unit's ExecReload): a live change is applied, one that
+    # needs a restart is refused and fails the reload, the pipeline untouched
+    config = service_config("second", spark=False)
+    port = re.search(r'listen = "(\S+)"', machine.sh("cat /etc/offbroadway/second.toml").stdout)
+    config = re.sub(r'listen = "\S+"', f'listen = "{port.group(1)}"', config)
+    machine.write("/etc/offbroadway/second.toml",
+                  config.replace('state_dir = "', 'log_level = "debug"\nstate_dir = "'))
+    assert machine.sh(f"systemctl reload {unit}", check=False).returncode == 0
+    machine.write("/etc/offbroadway/second.toml", config.replace("concurrency = 2",
+                                                                 "concurrency = 3"))
+    refused = machine.sh(f"systemctl reload {unit}", check=False)
+    assert refused.returncode != 0
+    assert "reload refused" in journal(machine, unit)
+    assert stage_pids(machine, "second") == pids
     machine.sh(f"systemctl stop {unit}", timeout=120)
