@@ -92,8 +92,24 @@ def guard_descendants() -> None:
         _supervisor_died(GUARD_SIGNAL, None)   # it died before the handler was in place
 
 
+def _has_children() -> bool:
+    """Has this process any child?  One small read per thread where the kernel lists
+    children (CONFIG_PROC_CHILDREN); True when it cannot tell, so the walk decides."""
+    try:
+        tids = os.listdir("/proc/self/task")
+        for tid in tids:
+            with open(f"/proc/self/task/{tid}/children", "rb") as f:
+                if f.read().strip():
+                    return True
+    except OSError:
+        return True
+    return False
+
+
 def _descendants(root: int) -> list[int]:
     """Every live descendant of ``root``, children first, from one pass over /proc."""
+    if root == os.getpid() and not _has_children():
+        return []   # the common case, at every stage's exit: no walk over /proc
     children: dict[int, list[int]] = {}
     try:
         names = os.listdir("/proc")
