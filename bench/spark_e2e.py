@@ -85,6 +85,9 @@ def example_config(remote: str, *, rabbit_queue: str | None = None,
     text = text.replace("[spark]\n", f"[spark]\nremote = {json.dumps(remote)}\n"
                                      f"token_env = {json.dumps(TOKEN_ENV)}\n")
     if rabbit_queue is not None:
+        # a delivery's data is its body (bytes): the same handler, the JSON decoded first
+        text = text.replace('handler = "examples.orders:Orders"',
+                            'handler = "bench_orders:RabbitOrders"')
         text = text.replace('source = "spool"', 'source = "rabbitmq"')
         text = text.replace('path = "var/spool"',
                             f'url = "{AMQP_URL}"\nqueue = "{rabbit_queue}"\n'
@@ -95,12 +98,27 @@ def example_config(remote: str, *, rabbit_queue: str | None = None,
     return text
 
 
+RABBIT_HANDLER = """
+import json
+
+from examples.orders import Orders
+
+
+class RabbitOrders(Orders):
+    def handle_message(self, processor, message, context):
+        if isinstance(message.data, bytes):
+            message = message.update_data(json.loads)
+        return super().handle_message(processor, message, context)
+"""
+
+
 def run_pipeline(workdir: Path, config_text: str, token: str) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
     config = workdir / "bench.toml"
     config.write_text(config_text)
-    env = {**_env(), TOKEN_ENV: token, "PYTHONPATH": str(REPO)}
+    (workdir / "bench_orders.py").write_text(RABBIT_HANDLER)
+    env = {**_env(), TOKEN_ENV: token, "PYTHONPATH": f"{REPO}:{workdir}"}
     t0 = time.time()
     proc = subprocess.run([sys.executable, "-m", "offbroadway.daemon.cli", "run", str(config),
                            "--until-idle"], cwd=workdir, env=env, capture_output=True,
@@ -113,6 +131,8 @@ def run_pipeline(workdir: Path, config_text: str, token: str) -> dict[str, Any]:
     start = datetime.strptime(up[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
     dataset = workdir / "var" / "orders" / "spark"
     files = [p for p in dataset.rglob("*.parquet") if "_staging" not in p.parts]
+    if not files:
+        raise SystemExit(f"no rows written:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     last = max(p.stat().st_mtime for p in files)
     rows = pq.read_table(dataset).num_rows
     wrote = re.search(r"wrote (\d+) rows", proc.stdout)
@@ -193,6 +213,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="spark-e2e-"))
     print(f"load before: {os.getloadavg()}; dir {tmp}", flush=True)
     lines = order_lines(args.lines)
+    (tmp / "server").mkdir()
     server, bp_env, _jvm, ready = start_server(tmp / "server")
     remote, token = bp_env["OFFBROADWAY_SPARK_REMOTE"], bp_env["OFFBROADWAY_SPARK_TOKEN"]
     print(f"Spark Connect server ready in {ready:.1f} s", flush=True)
