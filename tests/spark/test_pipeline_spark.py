@@ -129,6 +129,7 @@ def test_two_keys_times_two_batch_processors_give_one_row_per_message(short_tmp:
             by_key[json.loads(line)["batcher"]].add(f.name)
     assert all(len(files) == 2 for files in by_key.values()), by_key
     assert f"wrote {len(even)} rows to {out}/even" in proc.stdout
+    assert not list((short_tmp / "spool").glob("*.jsonl")), "spool not fully acked"
 
 
 def test_a_row_that_breaks_the_schema_fails_only_its_message(short_tmp: Path,
