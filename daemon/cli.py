@@ -20,11 +20,12 @@ EXIT_CONFIG = 2
 def _load(path: str, *, full: bool = False):
     """The validated config, or exit 2 naming the key at fault (the contract of ``check``).
 
-    With ``full``, also everything ``run`` would refuse at start (:func:`config.preflight`:
+    With ``full``, also everything ``run`` would refuse at start (:func:`checks.preflight`:
     directories, the source's options and files, the handler, pyspark and Java); returns
     (config, notes on what only a running daemon can tell).
     """
-    from .config import ConfigError, load_config, preflight
+    from .checks import preflight
+    from .config import ConfigError, load_config
 
     notes: list[str] = []
     try:

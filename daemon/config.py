@@ -1,10 +1,10 @@
 """The pipeline config: TOML in, a validated, typed :class:`Config` out.
 
-Validation is a pure function of the parsed TOML (no processes, no imports of user code
-except by :func:`check_handler`), so ``offbroadway check`` and ``offbroadway run`` agree and
-tests need nothing but a dict.  Every error names the dotted key it is about (unknown keys
-too: a typo such as ``batch_sise`` must not silently fall back to a default), and the CLI
-exits 2 on them.  Warnings are consequences the user may accept (a pitfall such as a
+Validation is a pure function of the parsed TOML (no processes, no imports of user code:
+what looks at the machine or imports user code is :mod:`.checks`), so ``offbroadway
+check`` and ``offbroadway run`` agree and tests need nothing but a dict.  Every error names
+the dotted key it is about (the tables are read through :class:`.config_table.Table`), and
+the CLI exits 2 on them.  Warnings are consequences the user may accept (a pitfall such as a
 prefetch too small for the processors) and are printed, never fatal.
 """
 
@@ -14,9 +14,15 @@ import os
 import re
 import tomllib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from offbroadway.stages.redact import mask_url
+from .config_table import ConfigError, parse_size
+from .config_table import Table as _Table
+from .config_table import non_negative as _non_negative
+from .config_table import one_of as _one_of
+from .config_table import optional_duration as _optional_duration
+from .config_table import positive as _positive
+from .config_table import size_option as _size
 
 PROCESSOR_KEY = "default"
 #: Unix socket paths are limited to 107 bytes (sun_path is 108 with its NUL); every stage
@@ -34,10 +40,6 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 #: (bench/spark_sink.py); at 50,000 rows that is a fraction of the job.
 SPARK_COMMIT_ROWS = 50_000
 SPARK_COMMIT_INTERVAL = 1.0
-
-
-class ConfigError(ValueError):
-    """A config that cannot run; the message starts with the dotted key at fault."""
 
 
 #: crashes blamed on one message before it is failed as poison (0: never)
@@ -153,118 +155,6 @@ class Loaded:
     warnings: list[str]
 
 
-# -- reading one table ------------------------------------------------------------------------
-
-def _shown(value: Any) -> Any:
-    """A rejected value as an error may show it: a URL without its password or token."""
-    return mask_url(value) if isinstance(value, str) and "://" in value else value
-
-
-class _Table:
-    """One TOML table being read: typed lookups that name the key, and unknown-key checks."""
-
-    def __init__(self, raw: Any, where: str) -> None:
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{where}: must be a table, not {type(raw).__name__}")
-        self.raw = raw
-        self.where = where
-        self.seen: set[str] = set()
-
-    def key(self, name: str) -> str:
-        return f"{self.where}.{name}" if self.where else name
-
-    def get(self, name: str, types: type | tuple[type, ...], default: Any = None, *,
-            required: bool = False, check: Callable[[Any], str | None] | None = None) -> Any:
-        self.seen.add(name)
-        if name not in self.raw:
-            if required:
-                raise ConfigError(f"{self.key(name)}: required")
-            return default
-        value = self.raw[name]
-        # bool is an int in Python; a TOML `true` is never a count or a duration
-        if isinstance(value, bool) and bool not in _as_tuple(types):
-            raise ConfigError(f"{self.key(name)}: expected {_type_names(types)}, got a boolean")
-        accepted = _as_tuple(types)
-        if float in accepted and int not in accepted:
-            accepted = (*accepted, int)       # a TOML `30` is a fine duration
-        if not isinstance(value, accepted):
-            raise ConfigError(f"{self.key(name)}: expected {_type_names(types)}, "
-                              f"got {type(value).__name__} {_shown(value)!r}")
-        if isinstance(value, int) and float in _as_tuple(types) and int not in _as_tuple(types):
-            value = float(value)
-        if check is not None:
-            problem = check(value)
-            if problem:
-                raise ConfigError(f"{self.key(name)}: {problem} (got {_shown(value)!r})")
-        return value
-
-    def table(self, name: str, required: bool = False) -> _Table:
-        self.seen.add(name)
-        if name not in self.raw:
-            if required:
-                raise ConfigError(f"{self.key(name)}: required section")
-            return _Table({}, self.key(name))
-        return _Table(self.raw[name], self.key(name))
-
-    def done(self) -> None:
-        unknown = sorted(set(self.raw) - self.seen)
-        if unknown:
-            also = f" (also unknown: {', '.join(unknown[1:])})" if unknown[1:] else ""
-            raise ConfigError(f"{self.key(unknown[0])}: unknown key{also}")
-
-
-def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
-    return types if isinstance(types, tuple) else (types,)
-
-
-def _type_names(types: type | tuple[type, ...]) -> str:
-    names = {int: "an integer", float: "a number", str: "a string", bool: "a boolean",
-             list: "an array", dict: "a table"}
-    return " or ".join(names.get(t, t.__name__) for t in _as_tuple(types))
-
-
-def _positive(v: float) -> str | None:
-    return None if v > 0 else "must be greater than 0"
-
-
-def _non_negative(v: float) -> str | None:
-    return None if v >= 0 else "must be 0 or more"
-
-
-def _one_of(choices: tuple[str, ...]) -> Callable[[str], str | None]:
-    return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
-
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
-          "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4,
-          "tb": 1000**4, "tib": 1024**4}
-
-
-def parse_size(value: int | str) -> int:
-    """``1048576``, ``"1MiB"``, ``"512MB"`` → bytes."""
-    if isinstance(value, int):
-        return value
-    m = _SIZE.match(value)
-    unit = m.group(2).lower() if m else None
-    if m is None or unit not in _UNITS:
-        raise ValueError(f"not a size: {value!r} (use bytes, or e.g. '512MiB', '1GB')")
-    return int(float(m.group(1)) * _UNITS[unit])
-
-
-def _size(t: _Table, name: str) -> int | None:
-    value = t.get(name, (int, str))
-    if value is None:
-        return None
-    try:
-        n = parse_size(value)
-    except ValueError as exc:
-        raise ConfigError(f"{t.key(name)}: {exc}") from None
-    if n <= 0:
-        raise ConfigError(f"{t.key(name)}: must be greater than 0 (got {value!r})")
-    return n
-
-
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 _HANDLER = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
@@ -275,7 +165,7 @@ def _name_check(v: str) -> str | None:
 
 def _source_check(v: str) -> str | None:
     """A built-in source's name, or ``package.module:ClassName`` for one of your own (it
-    is imported and checked by :func:`check_source`, not here: validation imports no user
+    is imported and checked by :func:`.checks.check_source`, not here: validation imports no user
     code)."""
     if v in SOURCES or _HANDLER.match(v):
         return None
@@ -285,12 +175,6 @@ def _source_check(v: str) -> str | None:
 
 def _handler_check(v: str) -> str | None:
     return None if _HANDLER.match(v) else "must be 'package.module:ClassName'"
-
-
-def _optional_duration(t: _Table, name: str, default: float | None) -> float | None:
-    """A timeout where 0 means "off"."""
-    value = t.get(name, (int, float), default, check=_non_negative)
-    return float(value) if value else None
 
 
 # -- sections ---------------------------------------------------------------------------------
@@ -566,175 +450,14 @@ def load_config(path: str) -> Loaded:
     return validate(raw, os.path.abspath(path))
 
 
-def check_source(config: Config) -> list[str]:
-    """Let the source validate its options, so ``check`` names ``producer.options.<key>``,
-    and check what it can of them without connecting (:meth:`Source.preflight`).
-
-    Returns the source's notes on what only a live connection can tell.
-    """
-    from offbroadway.stages.sources import UnknownSourceError, get_source
-    from offbroadway.stages.sources.base import SourceOptionError
-
-    name = config.producer.source
-    try:
-        cls = get_source(name)
-    except (ImportError, UnknownSourceError) as exc:
-        raise ConfigError(f"producer.source: {exc}") from None
-    try:
-        cls.validate_options(config.producer.options)
-        if name not in SOURCES:
-            _construct_source(cls, config)
-        return list(cls.preflight(config.producer.options))
-    except ConfigError:
-        raise
-    except ValueError as exc:   # SourceOptionError names the option; others may not
-        option = exc.option if isinstance(exc, SourceOptionError) else None
-        key = f"producer.options.{option}" if option else "producer.options"
-        raise ConfigError(f"{key}: {exc}") from None
-    except ImportError as exc:
-        raise ConfigError(f"producer.source: {exc}") from None
-    except Exception as exc:    # a user's source whose checks themselves fail
-        raise ConfigError(f"producer.source: checking the options of {name} raised "
-                          f"{type(exc).__name__}: {exc}") from None
+#: what ``preflight`` checks lives in :mod:`.checks` (it looks at the machine and imports
+#: user code; validation does neither); these names stay importable from here
+_CHECKS = ("check_handler", "check_source", "check_spark", "find_java", "preflight")
 
 
-def _construct_source(cls: type, config: Config) -> None:
-    """Build one instance of a user's source the way a producer does (the Source API says a
-    constructor only validates and stores), so a constructor that cannot be called with the
-    producer's arguments, or that raises, is found by ``check``, not by a crash loop."""
-    from offbroadway.stages.sources.base import SourceOptionError
+def __getattr__(name: str) -> Any:
+    if name in _CHECKS:
+        from . import checks
 
-    try:
-        cls(dict(config.producer.options), pipeline=config.pipeline.name, producer_index=0,
-            producer_count=config.producer.concurrency, state_dir=config.runtime.state_dir)
-    except SourceOptionError:
-        raise
-    except Exception as exc:
-        raise ConfigError(f"producer.source: {config.producer.source}(options, ...) raised "
-                          f"{type(exc).__name__}: {exc}") from None
-
-
-def _check_dir(key: str, path: str) -> None:
-    """``path`` is a directory we can use, or can be created as one (nothing is created)."""
-    probe = path
-    while not os.path.exists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
-    if not os.path.isdir(probe):
-        what = "is a file, not a directory" if probe == path else \
-            f"cannot be created: {probe!r} is a file, not a directory"
-        raise ConfigError(f"{key}: {path!r} {what}")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        what = "is not writable" if probe == path else \
-            f"cannot be created: no write permission on {probe!r}"
-        raise ConfigError(f"{key}: {path!r} {what} (uid {os.getuid()})")
-
-
-def _module_available(name: str) -> bool:
-    import importlib.util
-    import sys
-
-    if name in sys.modules:
-        return sys.modules[name] is not None
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def find_java() -> str | None:
-    """The ``java`` the local Spark server will exec (``$JAVA_HOME/bin/java``, else PATH)."""
-    import shutil
-
-    home = os.environ.get("JAVA_HOME")
-    if home:
-        java = os.path.join(home, "bin", "java")
-        return java if os.access(java, os.X_OK) else None
-    return shutil.which("java")
-
-
-def check_spark(config: Config) -> list[str]:
-    """pyspark importable, and Java for a local server: the batch processors and the Spark
-    child fail at start without them."""
-    if config.spark is None:
-        return []
-    if not _module_available("pyspark"):
-        raise ConfigError("spark: pyspark is not installed (pip install 'offbroadway[spark]')")
-    if config.spark.get("remote"):
-        return [f"Spark Connect at {mask_url(config.spark['remote'])} is not contacted by "
-                f"check: whether it is reachable shows only when the daemon runs"]
-    if find_java() is None:
-        where = (f"JAVA_HOME={os.environ['JAVA_HOME']} has no bin/java"
-                 if os.environ.get("JAVA_HOME") else "no java on PATH and JAVA_HOME is unset")
-        raise ConfigError(f"spark: the local Spark server needs Java 17 or later ({where})")
-    return []
-
-
-def _check_private(key: str, path: str) -> None:
-    """An existing runtime dir must be ours and closed to others: the sockets that steer
-    the daemon live there (the daemon refuses it at start too, ``app.prepare_private_dir``)."""
-    import stat
-
-    if not os.path.isdir(path):
-        return
-    st = os.stat(path)
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise ConfigError(f"{key}: {path!r} is writable by group/others (mode "
-                          f"{stat.S_IMODE(st.st_mode):o}); refusing to start: chmod 700 it")
-    if st.st_uid != os.getuid():
-        raise ConfigError(f"{key}: {path!r} belongs to uid {st.st_uid}, not {os.getuid()}")
-
-
-def preflight(config: Config) -> list[str]:
-    """Everything ``run`` would refuse at start that can be known without starting it,
-    in the order ``run`` meets it: ``check`` runs this, and so does ``run`` before it
-    creates anything.  Returns notes on what only a running daemon can tell."""
-    _check_dir("runtime.dir", config.runtime.dir)
-    _check_private("runtime.dir", config.runtime.dir)
-    _check_dir("runtime.state_dir", config.runtime.state_dir)
-    notes = check_source(config)
-    _check_spool_not_in_its_state(config)
-    check_handler(config)
-    notes += check_spark(config)
-    return notes
-
-
-def _check_spool_not_in_its_state(config: Config) -> None:
-    """A spool reading ``<state_dir>/spool`` would read its own ``dead-letter.jsonl`` (and
-    ack records) back as input: every failed line failed again, forever."""
-    if config.producer.source != "spool" or not isinstance(config.producer.options.get("path"),
-                                                           str):
-        return
-    path = os.path.abspath(config.producer.options["path"])
-    own = os.path.join(os.path.abspath(config.runtime.state_dir), "spool")
-    if path == own:
-        raise ConfigError(f"producer.options.path: {path!r} is where the spool keeps its own "
-                          f"records and dead-letter.jsonl (runtime.state_dir + '/spool'); "
-                          f"use another directory for the input")
-
-
-def check_handler(config: Config) -> None:
-    """Import ``pipeline.handler`` the way a stage will, so ``check`` catches a typo."""
-    import importlib
-
-    ref = config.pipeline.handler
-    module_name, _, attr = ref.partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except Exception as exc:
-        raise ConfigError(f"pipeline.handler: cannot load {ref!r}: "
-                          f"{type(exc).__name__}: {exc}") from None
-    if not callable(getattr(obj, "handle_message", None)):
-        raise ConfigError(f"pipeline.handler: {ref!r} has no handle_message")
-    if isinstance(obj, type):
-        # every stage makes one (offbroadway.stages.stage.load_handler): an __init__ that
-        # raises would crash them all in a restart loop
-        try:
-            obj()
-        except (Exception, SystemExit) as exc:    # sys.exit() in __init__ too
-            raise ConfigError(f"pipeline.handler: {ref}() raised {type(exc).__name__}: "
-                              f"{exc}") from None
+        return getattr(checks, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
