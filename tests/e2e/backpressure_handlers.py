@@ -21,10 +21,20 @@ class GatedBatches(JsonBody):
 
 
 class GatedRecorder(Recorder):
-    """:class:`tests.e2e.handlers.Recorder` whose ``handle_batch`` blocks while the file
-    ``context["gate"]`` exists (a pull source's pipeline with a stalled sink)."""
+    """:class:`tests.e2e.handlers.Recorder` whose ``handle_batch`` lets the first
+    ``context["open_for"]`` messages through, then blocks while the file
+    ``context["gate"]`` exists (a pull source's pipeline with a sink that stalls).
+
+    The stall starts at a point the pipeline fixes, not when a test reacts to a status
+    report: reports come once a second, and a quiet machine moves a whole 30k-line spool
+    in less than that, so a gate closed by the test came too late (the daemon of
+    ``--until-idle`` had exited before any report showed an ack)."""
+
+    handled = 0
 
     def handle_batch(self, batcher, messages, batch_info, context):
-        while os.path.exists(context["gate"]):
-            time.sleep(0.01)
+        if self.handled >= context.get("open_for", 0):
+            while os.path.exists(context["gate"]):
+                time.sleep(0.01)
+        self.handled += len(messages)
         return super().handle_batch(batcher, messages, batch_info, context)
