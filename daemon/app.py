@@ -31,7 +31,7 @@ import time
 from typing import Any
 
 from offbroadway.stages import blame as blame_mod
-from offbroadway.stages import logs, ratelimit
+from offbroadway.stages import commands, logs, ratelimit
 from offbroadway.stages.ratelimit import SharedRateLimit
 from offbroadway.stages.spec import STAGE_ENV
 from offbroadway.supervision import (
@@ -46,8 +46,10 @@ from . import control, metrics, runlock, stopbudget
 from . import reactions as reactions_mod
 from . import reload as reload_mod
 from . import topology as topo_mod
+from .config import Config
 from .hub import Hub
 from .notify import Notifier
+from .terminator import Phase, Terminator
 from .totals import StageTotals
 
 log = logging.getLogger("offbroadway.daemon")
@@ -75,7 +77,7 @@ def prepare_private_dir(path: str) -> None:
 START_ERRORS = (RuntimeDirError, runlock.AlreadyRunning, metrics.ListenError)
 
 
-def stop_budget(config: Any) -> float:
+def stop_budget(config: Config) -> float:
     """The longest a stop of ``config``'s pipeline can take (see :mod:`.stopbudget`)."""
     daemon = Daemon(config)
     daemon._build()
@@ -83,24 +85,18 @@ def stop_budget(config: Any) -> float:
 
 
 class Daemon:
-    def __init__(self, config: Any, *, until_idle: bool = False,
+    def __init__(self, config: Config, *, until_idle: bool = False,
                  notifier: Notifier | None = None) -> None:
         self.config = config
         self.until_idle = until_idle
         self.notifier = notifier or Notifier()
         self.stats: dict[str, dict] = {}
         self.totals = StageTotals()
-        self.idle: dict[str, bool] = {}
-        self.done: set[str] = set()
-        self.settled: set[str] = set()
-        self.draining = False
         self.paused = False
         self._stop = asyncio.Event()
         self._idle_event = asyncio.Event()
+        #: set whenever the terminator may have moved (the drain's waits wake on it)
         self._progress = asyncio.Event()
-        self.exit_reason: str | None = None
-        #: a crash cascade during the drain handed messages back to the source
-        self._requeued_in_drain = False
         self._housekeeping_task: asyncio.Future | None = None
         self._stop_deadline: float | None = None
         self.started_at = time.time()
@@ -132,6 +128,7 @@ class Daemon:
                                             self.topology.root)
         self.reactions = reactions_mod.Reactions(
             self.topology, self.config.processors[topo_mod.PROCESSOR_KEY].max_crashes)
+        self.terminator = Terminator(self.topology)
 
     def _stage_env(self, stage_id: str) -> dict[str, str]:
         env = {logs.LEVEL_ENV: self.config.runtime.log_level,
@@ -165,14 +162,13 @@ class Daemon:
             elif key == "runtime.log_level":
                 logging.getLogger().setLevel(value.upper())
                 log.log(logging.getLevelName(value.upper()), "log level %s (%s)", value, why)
-                for sid in self.topology.stages:
-                    self.hub.command(sid, "log_level", level=value)
+                self._send([reactions_mod.Send(sid, commands.LogLevel(value))
+                            for sid in self.topology.stages])
             else:                     # batchers.<key>.batch_size / batch_timeout
                 batchers.add(key.split(".")[1])
-        for key in sorted(batchers):
-            b = new.batchers[key]
-            self.hub.command(f"batcher_{key}", "batching", batch_size=b.batch_size,
-                             batch_timeout=b.batch_timeout)
+        self._send([reactions_mod.Send(f"batcher_{key}", commands.Batching(
+            new.batchers[key].batch_size, new.batchers[key].batch_timeout))
+            for key in sorted(batchers)])
         self.config = new
         # stages restarted from now on start with the new values
         fresh = topo_mod.build(new, spark_settings=self._spark_settings)
@@ -183,58 +179,54 @@ class Daemon:
     def _on_sighup(self) -> None:
         self.reload("SIGHUP reload")
 
-    def on_report(self, stage_id: str, name: str, body: dict) -> None:
-        if name in ("stats", "done", "settled") and "pid" in body:
-            body["at"] = time.time()
-            self.stats[stage_id] = body
-            self.totals.report(stage_id, body)
-        if name == "idle":
-            self.idle[stage_id] = bool(body.get("idle"))
-            if self.until_idle and self.topology.producers and all(
-                    self.idle.get(p) for p in self.topology.producers):
+    def on_report(self, stage_id: str, report: commands.Report) -> None:
+        """A stage's report: its figures for status and the totals, and the terminator's
+        inputs."""
+        if isinstance(report, (commands.Stats, commands.Done, commands.Settled)) and \
+                "pid" in report.stats:
+            self.stats[stage_id] = {**report.stats, "at": time.time()}
+            self.totals.report(stage_id, report.stats)
+        t = self.terminator
+        if isinstance(report, commands.Idle):
+            if t.idle_report(stage_id, report.idle) and self.until_idle:
                 self._idle_event.set()
-        elif name == "done":
-            self.done.add(stage_id)
+        elif isinstance(report, commands.Done):
+            t.report_done(stage_id)
             self._progress.set()
-        elif name == "settled":
-            self.settled.add(stage_id)
+        elif isinstance(report, commands.Settled):
+            t.report_settled(stage_id)
             self._progress.set()
-        elif name == "hello" and self.draining:
-            # a stage (re)started during the drain: bring it into the drain too
-            self._drain_command(stage_id)
+        elif isinstance(report, commands.Hello):
+            self._send(t.hello(stage_id))
 
-    def on_event(self, event: Any) -> None:
+    def on_event(self, event: object) -> None:
         """Supervision events: the pure reactions (:mod:`.reactions`) decide, this sends."""
+        record = None
         if isinstance(event, ChildExited):
             if self.metrics_server is not None:
                 metrics.process_dead(event.pid, self.metrics_dir)
-            role = self.topology.roles.get(event.child_id)
-            if role in reactions_mod.DOWNSTREAM or role == "spark":
-                self.idle.clear()
-            record = self._blame_record(event) if role == "processor" else None
-            self._send(self.reactions.exited(event.child_id, event.expected, event.reason,
-                                             record))
-        elif isinstance(event, ChildStarted):
-            self._send(self.reactions.started(event.child_id))
-        elif isinstance(event, Restarting):
-            commands = self.reactions.restarting(event.supervisor_id, event.children,
-                                                 event.reason)
-            if commands and self.draining:
-                # what the dead stages held went back to the source: the drain cannot end
-                # with every message acked; it stops waiting (see _run_again)
-                self._requeued_in_drain = True
-                self._progress.set()
-            self._send(commands)
+            self.terminator.exited(event.child_id)
+            if event.child_id in self.reactions.blamed:
+                record = self._blame_record(event)
+        sends = self.reactions.on_event(event, record)
+        if isinstance(event, Restarting) and sends and self.terminator.draining:
+            # what the dead stages held went back to the source: the drain cannot end
+            # with every message acked; it stops waiting (see _run_again)
+            self.terminator.requeued()
+            self._progress.set()
+        self._send(sends)
 
-    def _send(self, commands: list[reactions_mod.Command]) -> None:
-        for c in commands:
-            if not self.hub.command(c.stage, c.name, **c.args):
+    def _send(self, sends: list[reactions_mod.Send]) -> None:
+        for s in sends:
+            if not self.hub.send(s.stage, s.command):
                 # the stage is not connected to the hub: it is down or starting.  A requeue
                 # or release then has nothing to do (a restarting producer's source takes
                 # back what it had in flight, and it starts with nothing held); a
-                # restarting consumer subscribes on its own.  Said, not dropped silently.
-                log.warning("%s not connected: command %s not delivered (%s)", c.stage,
-                            c.name, c.args.get("reason", "it subscribes afresh when up"))
+                # restarting consumer subscribes on its own, and a stage starting during
+                # the drain is brought into it by its hello.  Said, not dropped silently.
+                log.warning("%s not connected: command %s not delivered (%s)", s.stage,
+                            s.command.NAME, getattr(s.command, "reason", "") or
+                            "it is brought up to date when it says hello")
 
     def _blame_record(self, event: ChildExited) -> blame_mod.Blame | None:
         """What a processor that died on its own was running (its blame record).
@@ -254,13 +246,6 @@ class Daemon:
             log.warning("%s %s in %s of a frame of %d messages", event.child_id, event.reason,
                         record.kind, record.frame_size)
         return record
-
-    def _drain_command(self, stage_id: str) -> None:
-        role = self.topology.roles.get(stage_id)
-        if role == "producer":
-            self.hub.command(stage_id, "shutdown")
-        elif role == "processor":
-            self.hub.command(stage_id, "no_resubscribe")
 
     # -- run --------------------------------------------------------------------------------
     async def run(self) -> int:
@@ -334,9 +319,8 @@ class Daemon:
                 if waits[first] == "idle":
                     log.info("pipeline %s: source exhausted; draining (what is in flight is "
                              "written and acked first)", name)
-                self._requeued_in_drain = False
                 await self.drain()
-                if not (self.until_idle and self._requeued_in_drain and
+                if not (self.until_idle and self.terminator.phase is Phase.REQUEUED and
                         not self._stop.is_set()):
                     return 0
                 await self._run_again()
@@ -363,10 +347,7 @@ class Daemon:
         log.warning("pipeline %s: a stage died during the drain and its messages went back "
                     "to the source; running again until idle, so that every message is "
                     "written and acked before exiting", self.config.pipeline.name)
-        self.draining = False
-        self.idle.clear()
-        self.done.clear()
-        self.settled.clear()
+        self.terminator.reset()
         self._idle_event.clear()
         first = self.topology.root.children[1 if self.topology.spark else 0].id
         await self.root.restart_subtree_or_child(first)
@@ -410,7 +391,7 @@ class Daemon:
     def _announce_up(self) -> None:
         """Say the pipeline is up only once its sources are connected; until then, say what
         it waits for (the sources log each retry themselves)."""
-        if self._announced_up or self.draining:
+        if self._announced_up or self.terminator.draining:
             return
         name = self.config.pipeline.name
         reported = all(p in self.stats for p in self.topology.producers)
@@ -493,27 +474,19 @@ class Daemon:
 
     # -- the terminator ---------------------------------------------------------------------
     async def drain(self) -> None:
-        """Broadway's shutdown cascade, bounded by ``pipeline.shutdown_timeout``."""
+        """Broadway's shutdown cascade (:mod:`.terminator`), bounded by
+        ``pipeline.shutdown_timeout``."""
         timeout = self.config.pipeline.shutdown_timeout
         deadline = time.monotonic() + timeout
-        self.draining = True
         self.notifier.stopping()
         self._announce_stop()
         self.notifier.status("draining")
-        for sid in self.topology.processors + self.topology.producers:
-            self._drain_command(sid)
-        finishers = set(self.topology.finishers)
-        if not await self._wait_for(lambda: finishers <= self.done or self._requeued_in_drain,
-                                    deadline):
-            log.warning("drain: %s not done after %.1fs; their messages stay unacked at the "
-                        "source and will be delivered again", sorted(finishers - self.done),
-                        timeout)
-        producers = set(self.topology.producers)
-        if not await self._wait_for(lambda: producers <= self.settled or
-                                    self._requeued_in_drain, deadline):
-            log.warning("drain: %s still had messages in flight at the deadline",
-                        sorted(producers - self.settled))
-        if self._requeued_in_drain and self.until_idle and not self._stop.is_set():
+        t = self.terminator
+        self._send(t.begin())
+        if not await self._wait_for(lambda: t.ended, deadline):
+            for line in t.expire():
+                log.warning("drain: after %.1fs, %s", timeout, line)
+        if t.phase is Phase.REQUEUED and self.until_idle and not self._stop.is_set():
             return   # not complete: run again (see _run_again)
         log.info("drain complete")
         for p in self.topology.producers:
@@ -598,10 +571,10 @@ class Daemon:
             self.paused = True
             log.info("drain requested: producers stop fetching, what is in flight finishes; "
                      "resume to fetch again")
-            for p in self.topology.producers:
-                self.hub.command(p, "pause")
-            for b in self.topology.batchers:
-                self.hub.command(b, "flush")
+            self._send([reactions_mod.Send(p, commands.Pause())
+                        for p in self.topology.producers] +
+                       [reactions_mod.Send(b, commands.Flush())
+                        for b in self.topology.batchers])
             return {"ok": True, "message": "draining: nothing new is fetched until resume"}
         if cmd == "reload":
             return self.reload("offbroadway reload")
@@ -613,8 +586,8 @@ class Daemon:
                         "drained"}
             self.paused = False
             log.info("resume requested: producers fetch again")
-            for p in self.topology.producers:
-                self.hub.command(p, "resume")
+            self._send([reactions_mod.Send(p, commands.Resume())
+                        for p in self.topology.producers])
             return {"ok": True, "message": "resumed: fetching again"}
         return {"ok": False, "error": f"unknown command {cmd!r}"}
 
@@ -637,12 +610,12 @@ class Daemon:
         tree = self.root.snapshot()
         tree["children"].append({
             "id": "terminator", "kind": "worker", "strategy": None, "pid": None,
-            "state": "draining" if self.draining else "running", "restarts": 0,
+            "state": "draining" if self.terminator.draining else "running", "restarts": 0,
             "children": []})
         self._decorate(tree)
         producers = self.topology.producers
         return {"pipeline": self.config.pipeline.name, "tree": tree,
-                "draining": self.draining, "paused": self.paused,
+                "draining": self.terminator.draining, "paused": self.paused,
                 "rate_limit": ratelimit.describe(self._rate_bucket()),
                 "stopping": self._stop.is_set(), "pid": os.getpid(),
                 "uptime": time.time() - self.started_at,

@@ -1,8 +1,8 @@
 """The daemon's side of the stage control plane: one ROUTER every stage connects to.
 
-Stages report (``hello``, ``stats``, ``idle``, ``drained``, ``settled``, ``done``) and the
-daemon commands (``shutdown``, ``requeue``, ``resubscribe``, ``pause``, ``resume``,
-``flush``…).  Frames are the same msgpack protocol as the data plane.
+Stages report and the daemon commands, in the vocabulary of :mod:`offbroadway.stages.commands`
+(both sides import it).  Frames are the same msgpack protocol as the data plane; a report
+that is not of the vocabulary is counted and dropped like a malformed frame.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import Callable
 
 import zmq
 import zmq.asyncio
-from offbroadway.stages import protocol
+from offbroadway.stages import commands, protocol
 from offbroadway.stages.spec import HUB, endpoint
 
 log = logging.getLogger("offbroadway.daemon.hub")
 
-OnReport = Callable[[str, str, dict], None]
+OnReport = Callable[[str, commands.Report], None]
 
 
 class Hub:
@@ -57,16 +57,21 @@ class Hub:
             if msg[0] != protocol.REPORT:
                 continue
             try:
-                self.on_report(ident.decode(), msg[1], msg[2])
+                report = commands.parse_report(msg[1], msg[2])
+            except commands.BadCommand as exc:
+                self.malformed += 1
+                log.warning("hub: dropped a report from %r: %s", ident, exc)
+                continue
+            try:
+                self.on_report(ident.decode(), report)
             except Exception:
                 log.exception("hub: handling report %r from %r failed", msg[1], ident)
 
-    def command(self, stage_id: str, name: str, **args: object) -> bool:
+    def send(self, stage_id: str, command: commands.Command) -> bool:
         """Send a command; False if the stage is not connected (it is down or starting)."""
         # An asyncio socket reports a NOBLOCK send's failure in the future it returns,
         # already completed, rather than by raising.
-        fut = self.sock.send_multipart([stage_id.encode(), protocol.command(name, args)],
-                                       zmq.NOBLOCK)
+        fut = self.sock.send_multipart([stage_id.encode(), command.encode()], zmq.NOBLOCK)
         return not (fut.done() and fut.exception() is not None)
 
     def close(self) -> None:

@@ -23,11 +23,12 @@ takes what it held with it, so the producers hand everything in flight back to t
   ``ProcessorSupervisor``'s, by escalation), the daemon restarts that, and the same
   :class:`Restarting` brings the same single requeue, without blame.
 * **Poison blame.**  A processor that died on its own names what it was running (its blame
-  record); the requeue carries it to the producer that emitted it, and ``hold`` keeps
-  suspects back until every processor is up again (``release``).
-* **Resubscribe only to live stages**: a restarted producer is announced to the processors
-  that are up (restarting ones subscribe on their own when they start), a restarted
-  processor to the batchers that are up (in a processor cascade they restart after it).
+  record); the requeue carries it to the producer that emitted it
+  (:class:`~offbroadway.stages.commands.CrashBlame`), and ``hold_suspects`` keeps suspects
+  back until every processor is up again (``release_suspects``).
+* **Resubscribe only to live stages**: a restarted stage is announced to its consumers
+  (``StageSpec.upstream``) that are up; restarting ones subscribe on their own when they
+  start (in a processor cascade the batchers restart after the processors).
 
 The shell (:mod:`.app`) reads the blame record, sends the commands and logs the ones a stage
 could not take.
@@ -36,26 +37,23 @@ could not take.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
+from offbroadway.stages import commands
 from offbroadway.stages.blame import Blame
+from offbroadway.supervision import ChildExited, ChildStarted, Restarting
 from offbroadway.supervision.spec import ChildSpec, SupervisorSpec, WorkerSpec
 from offbroadway.supervision.strategy import affected
 
 from .topology import Topology
 
-#: roles whose death loses messages in flight (the producers' own come back from the source)
-DOWNSTREAM = ("processor", "batcher", "batch_processor")
-
 
 @dataclass(frozen=True)
-class Command:
+class Send:
     """One command for one stage, as the hub sends it."""
 
     stage: str
-    name: str
-    args: dict[str, Any] = field(default_factory=dict)
+    command: commands.Command
 
 
 class Tree:
@@ -109,17 +107,18 @@ def cascade(tree: Tree, child_id: str) -> list[str]:
     return tree.workers(affected(parent.strategy, [c.id for c in parent.children], node))
 
 
-def blame_entries(child_id: str, how: str, record: Blame | None) -> dict[int, dict]:
-    """A dead processor's blame record, as the requeue of each producer carries it."""
-    out: dict[int, dict] = {}
+def crash_blames(child_id: str, how: str, record: Blame | None
+                 ) -> dict[int, commands.CrashBlame]:
+    """A dead processor's blame record, per producer index, as each producer's requeue
+    carries it."""
     if record is None:
-        return out
+        return {}
+    by_producer: dict[int, list[tuple[int, str]]] = {}
     for s in record.suspects:
-        entry = out.setdefault(s.producer, {
-            "child": child_id, "how": how, "kind": record.kind,
-            "frame_size": record.frame_size, "suspects": []})
-        entry["suspects"].append([s.token, s.id])
-    return out
+        by_producer.setdefault(s.producer, []).append((s.token, s.id))
+    return {i: commands.CrashBlame(child_id, how, record.kind, record.frame_size,
+                                   tuple(suspects))
+            for i, suspects in by_producer.items()}
 
 
 class Reactions:
@@ -133,27 +132,40 @@ class Reactions:
         self.alive: set[str] = set()
         #: downstream stages that exited since the last requeue (their messages are lost)
         self.lost: list[str] = []
-        self._blames: dict[int, dict] = {}
-        self._hold = False
-        #: processors of a crash cascade not up again yet: producers hold suspects until then
+        self._blames: dict[int, commands.CrashBlame] = {}
+        self._hold_suspects = False
+        #: the stages that run messages straight from the sources (the processors): the
+        #: ones whose death is blamed on what they ran, and that suspects wait for
+        self.blamed = {c for p in topology.sources for c in topology.consumers(p)}
+        #: those of a crash cascade not up again yet: producers hold suspects until then
         self.awaiting: set[str] = set()
+
+    def on_event(self, event: object, record: Blame | None = None) -> list[Send]:
+        """The commands a supervision event calls for.  ``record``: the blame record of a
+        worker in :attr:`blamed` that exited (None if none)."""
+        if isinstance(event, ChildExited):
+            return self.exited(event.child_id, event.expected, event.reason, record)
+        if isinstance(event, ChildStarted):
+            return self.started(event.child_id)
+        if isinstance(event, Restarting):
+            return self.restarting(event.supervisor_id, event.children, event.reason)
+        return []
 
     # -- events ---------------------------------------------------------------------------
     def exited(self, child_id: str, expected: bool, reason: str = "",
-               record: Blame | None = None) -> list[Command]:
+               record: Blame | None = None) -> list[Send]:
         """A worker exited.  ``record``: the blame record of a processor (None if none).
         Nothing is sent yet: a restart (:meth:`restarting`) or nothing (a planned stop)
         follows."""
         self.alive.discard(child_id)
-        role = self.topology.roles.get(child_id)
-        if role in DOWNSTREAM and child_id not in self.lost:
+        if self.topology.is_downstream(child_id) and child_id not in self.lost:
             self.lost.append(child_id)
-        if not expected and role == "processor":
+        if not expected and child_id in self.blamed:
             self._add_blame(child_id, reason, record)
         return []
 
     def restarting(self, supervisor_id: str, children: Iterable[str] = (),
-                   reason: str = "") -> list[Command]:
+                   reason: str = "") -> list[Send]:
         """A restart plan's terminations are done: requeue once if anything was lost."""
         if not self.lost:
             return []
@@ -163,35 +175,28 @@ class Reactions:
         for i, p in enumerate(self.topology.producers):
             if p not in self.alive:
                 continue   # restarting too: its source takes back what it had in flight
-            args: dict[str, Any] = {"reason": why}
-            if self._hold:
-                args["hold"] = True
-            if i in self._blames:
-                args.update(blame=self._blames[i], max_crashes=self.max_crashes)
-            out.append(Command(p, "requeue", args))
-        if self._hold:
+            out.append(Send(p, commands.Requeue(reason=why, blame=self._blames.get(i),
+                                                hold_suspects=self._hold_suspects)))
+        if self._hold_suspects:
             # set now, not at the crash: a processor still starting when its neighbour
             # crashed reports started before it is stopped, and must not count as back
-            self.awaiting = set(self.topology.processors) - self.alive
+            self.awaiting = self.blamed - self.alive
             if not self.awaiting:   # none restarting after all: nothing to wait for
-                out += [Command(c.stage, "release") for c in out]
-        self.lost, self._blames, self._hold = [], {}, False
+                out += [Send(c.stage, commands.ReleaseSuspects()) for c in out]
+        self.lost, self._blames, self._hold_suspects = [], {}, False
         return out
 
-    def started(self, child_id: str) -> list[Command]:
+    def started(self, child_id: str) -> list[Send]:
+        """A worker is up: its live consumers subscribe to it afresh (restarting ones
+        subscribe on their own when they start); the last of a crash's processors back
+        releases the producers' suspects."""
         self.alive.add(child_id)
-        out: list[Command] = []
-        role = self.topology.roles.get(child_id)
-        if role == "producer":
-            out += [Command(c, "resubscribe", {"producer": child_id})
-                    for c in self.topology.processors if c in self.alive]
-        elif role == "processor":
-            out += [Command(b, "resubscribe", {"producer": child_id})
-                    for b in self.topology.batchers if b in self.alive]
+        out = [Send(c, commands.Resubscribe(child_id))
+               for c in self.topology.consumers(child_id) if c in self.alive]
         if child_id in self.awaiting:
             self.awaiting.discard(child_id)
             if not self.awaiting:
-                out += [Command(p, "release") for p in self.topology.producers
+                out += [Send(p, commands.ReleaseSuspects()) for p in self.topology.producers
                         if p in self.alive]
         return out
 
@@ -204,8 +209,8 @@ class Reactions:
         if not self.max_crashes:
             return
         # one_for_all with max_restarts 0: every processor is about to restart
-        self._hold = True
-        for index, entry in blame_entries(child_id, reason, record).items():
+        self._hold_suspects = True
+        for index, blame in crash_blames(child_id, reason, record).items():
             # a second processor dying on its own in the same cascade (rare): the producer
             # takes one blame per requeue, the first; the other message is requeued unstruck
-            self._blames.setdefault(index, entry)
+            self._blames.setdefault(index, blame)

@@ -33,9 +33,9 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
-from offbroadway.daemon.config import batch_demand
+from offbroadway.daemon.config import BatcherConfig, Config, batch_demand
 from offbroadway.stages.spec import STAGE_ENV, StageSpec
 from offbroadway.supervision.child import GUARD_SIGNAL
 from offbroadway.supervision.spec import (
@@ -57,7 +57,13 @@ PREFETCH_SOURCES = ("rabbitmq", "nats")
 
 @dataclass
 class Topology:
-    """The tree plus the indexes the daemon needs to steer it."""
+    """The tree plus the indexes the daemon needs to steer it.
+
+    Who consumes whom is each stage's :attr:`StageSpec.upstream`, and who finishes messages
+    (acks them to their producers) its :attr:`StageSpec.producers`: the daemon's reactions
+    and its drain ask :meth:`consumers`, :attr:`finishers` and :meth:`is_downstream`
+    rather than role names.
+    """
 
     root: SupervisorSpec
     producers: list[str] = field(default_factory=list)
@@ -67,11 +73,30 @@ class Topology:
     committers: list[str] = field(default_factory=list)
     spark: str | None = None
     roles: dict[str, str] = field(default_factory=dict)
+    #: every stage's spec, in start order
+    specs: dict[str, StageSpec] = field(default_factory=dict)
+
+    def consumers(self, stage_id: str) -> list[str]:
+        """The stages that subscribe to ``stage_id``, in start order."""
+        return [s for s, spec in self.specs.items() if stage_id in spec.upstream]
+
+    def is_downstream(self, stage_id: str) -> bool:
+        """Whether ``stage_id`` consumes from another stage: its death loses messages in
+        flight (a producer's own come back from its source)."""
+        spec = self.specs.get(stage_id)
+        return spec is not None and bool(spec.upstream)
 
     @property
     def finishers(self) -> list[str]:
-        """The stages whose ``done`` ends a drain: the last stage of the pipeline."""
-        return self.batch_processors or self.processors
+        """The stages whose ``done`` ends a drain: they ack messages to their producers and
+        nothing consumes from them (the last stage of the pipeline)."""
+        return [s for s, spec in self.specs.items() if spec.producers and not self.consumers(s)]
+
+    @property
+    def sources(self) -> list[str]:
+        """The stages that read a source: they consume from none and are consumed."""
+        return [s for s, spec in self.specs.items()
+                if not spec.upstream and self.consumers(s)]
 
     @property
     def stages(self) -> list[str]:
@@ -79,7 +104,7 @@ class Topology:
                 + self.batch_processors)
 
 
-def batch_processor_demand(b: Any, spark: dict | None) -> int:
+def batch_processor_demand(b: BatcherConfig, spark: dict | None) -> int:
     """Batches a batch processor asks its batcher for at once.
 
     Without Spark, or with ``max_demand`` set, :func:`batch_demand`.  With Spark a batch waits
@@ -97,7 +122,7 @@ def batch_processor_demand(b: Any, spark: dict | None) -> int:
     return max(batch_demand(b), min(1024, math.ceil(rows / (b.batch_size * b.concurrency)) + 1))
 
 
-def auto_prefetch(config: Any) -> int:
+def auto_prefetch(config: Config) -> int:
     """Per-producer prefetch that never starves the topology (the seeds' pitfall).
 
     Every processor can hold ``max_demand`` messages and every batcher a batch in the
@@ -113,7 +138,7 @@ def auto_prefetch(config: Any) -> int:
     return min(AMQP_MAX_PREFETCH, max(1, math.ceil(need / config.producer.concurrency)))
 
 
-def build(config: Any, *, stage_env: Callable[[str], dict[str, str]] | None = None,
+def build(config: Config, *, stage_env: Callable[[str], dict[str, str]] | None = None,
           spark_child: WorkerSpec | None = None,
           batch_processor_env: Callable[[], dict[str, str]] | None = None,
           spark_settings: dict | None = None) -> Topology:
@@ -136,6 +161,7 @@ def build(config: Any, *, stage_env: Callable[[str], dict[str, str]] | None = No
                env_fn: Callable[[], dict[str, str]] | None = None, shutdown: float = 5.0
                ) -> WorkerSpec:
         topo.roles[spec.id] = spec.role
+        topo.specs[spec.id] = spec
         payload = spec.to_env()
 
         def env() -> dict[str, str]:
@@ -165,7 +191,7 @@ def build(config: Any, *, stage_env: Callable[[str], dict[str, str]] | None = No
                          dispatcher=config.producer.dispatcher,
                          buffer_size=config.producer.buffer_size,
                          partition_by=proc.partition_by, consumer_count=proc.concurrency,
-                         **base))
+                         max_crashes=proc.max_crashes, **base))
         for i, pid in enumerate(topo.producers)]
     processors = [
         worker(StageSpec(id=cid, role="processor", index=i, upstream=tuple(topo.producers),

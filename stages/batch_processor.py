@@ -25,7 +25,7 @@ from typing import Any
 import zmq
 from offbroadway import BatchInfo, Message
 
-from . import callbacks, protocol
+from . import callbacks, commands, protocol
 from .acker import Acker
 from .consumer import Subscriptions
 from .spec import StageSpec
@@ -86,7 +86,7 @@ class BatchProcessorStage(Stage):
 
     def _maybe_done(self) -> None:
         if self.subs.all_done and (self.spark is None or not self.spark.holding):
-            self.report("done", self.stats())   # final counts: the last tick may be older
+            self.report(commands.Done(self.stats()))   # final counts: the last tick may be older
 
     def _ack(self) -> None:
         if self._ok:

@@ -16,7 +16,7 @@ from typing import Any
 
 import zmq
 
-from . import protocol
+from . import commands, protocol
 from .batching import BatchAccumulator
 from .consumer import Subscriptions
 from .dispatch import Dispatcher, PartitionDispatcher, SpreadDispatcher
@@ -54,6 +54,9 @@ class BatcherStage(Stage):
         self.finished = False
         self._timer_at: float | None = None
         self.counters.update(batches=0)
+        self.accept(commands.Resubscribe, self._on_resubscribe)
+        self.accept(commands.Flush, self._on_flush)
+        self.accept(commands.Batching, self._on_batching)
 
     def setup(self) -> None:
         self.downstream = Downstream(self, self.dispatcher, on_change=self._on_demand)
@@ -120,15 +123,13 @@ class BatcherStage(Stage):
             self._timer_at = deadline
             self.call_at(deadline, self._on_timer)
 
-    def cmd_batching(self, batch_size: int, batch_timeout: float) -> None:
+    def _on_batching(self, command: commands.Batching) -> None:
         """A reload changed ``batch_size``/``batch_timeout``: the batches from now on use
         them (a partial batch keeps its first message's time; a shorter timeout is armed)."""
-        if isinstance(batch_size, int) and batch_size > 0 and \
-                isinstance(batch_timeout, (int, float)) and batch_timeout > 0:
-            self._emit(self.acc.resize(batch_size, float(batch_timeout)))
-            log.info("%s: batch_size %d, batch_timeout %gs (reload)", self.id, batch_size,
-                     batch_timeout)
-            self._arm_timer()
+        self._emit(self.acc.resize(command.batch_size, float(command.batch_timeout)))
+        log.info("%s: batch_size %d, batch_timeout %gs (reload)", self.id, command.batch_size,
+                 command.batch_timeout)
+        self._arm_timer()
 
     def _on_timer(self) -> None:
         self._timer_at = None
@@ -163,14 +164,12 @@ class BatcherStage(Stage):
         self.finished = True
         self.downstream.cancel_all("shutdown")
 
-    def cmd_resubscribe(self, producer: str) -> None:
-        """A processor restarted without us (an operator restart under one_for_all): it
-        knows no subscription of ours, and we would wait for its events forever."""
-        up = self.subs.find(producer)
-        if up is not None and self.subs.resubscribe:
-            self.subs.subscribe(up)
+    def _on_resubscribe(self, command: commands.Resubscribe) -> None:
+        """A processor restarted without us: it knows no subscription of ours, and we
+        would wait for its events forever."""
+        self.subs.resubscribe_to(command.upstream)
 
-    def cmd_flush(self) -> None:
+    def _on_flush(self, _: commands.Flush) -> None:
         """Operator drain: emit partial batches now instead of at their timeout."""
         self._emit(self.acc.flush())
 

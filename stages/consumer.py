@@ -118,6 +118,13 @@ class Subscriptions:
         up.mode = PENDING
         self._apply(self.budget.unsubscribed(up.index))
 
+    def resubscribe_to(self, stage_id: str) -> None:
+        """``stage_id`` restarted (the daemon says so): subscribe to it afresh, unless the
+        drain said not to."""
+        up = self.find(stage_id)
+        if up is not None and self.resubscribe:
+            self.subscribe(up)
+
     def on_frame(self, up: Upstream, msg: list) -> None:
         """SUBSCRIBED, RETRACTED and CANCEL from an upstream (events go through
         :meth:`received` and :meth:`consumed`)."""

@@ -21,7 +21,7 @@ from typing import Any
 import zmq
 from offbroadway import Message
 
-from . import blame, callbacks, protocol
+from . import blame, callbacks, commands, protocol
 from .acker import Acker
 from .consumer import Subscriptions, Upstream
 from .dispatch import PartitionDispatcher
@@ -50,6 +50,8 @@ class ProcessorStage(Stage):
         #: the frame's header: status and batch key, and its events packed, for the blame
         #: record)
         self.inbox: deque[tuple[Upstream, list, bool, tuple]] = deque()
+        self.accept(commands.Resubscribe, self._on_resubscribe)
+        self.accept(commands.NoResubscribe, self._on_no_resubscribe)
 
     def setup(self) -> None:
         if self.batchers:
@@ -176,14 +178,12 @@ class ProcessorStage(Stage):
         self.finished = True
         if self.batchers:
             self.downstream.cancel_all("shutdown")
-        self.report("done", self.stats())   # final counts: the last tick may be older
+        self.report(commands.Done(self.stats()))   # final counts: the last tick may be older
 
-    def cmd_resubscribe(self, producer: str) -> None:
-        up = self.subs.find(producer)
-        if up is not None and self.subs.resubscribe:
-            self.subs.subscribe(up)
+    def _on_resubscribe(self, command: commands.Resubscribe) -> None:
+        self.subs.resubscribe_to(command.upstream)
 
-    def cmd_no_resubscribe(self) -> None:
+    def _on_no_resubscribe(self, _: commands.NoResubscribe) -> None:
         self.subs.resubscribe = False
 
 

@@ -25,7 +25,7 @@ import time
 import zlib
 from typing import Any
 
-from . import protocol
+from . import commands, protocol
 from .dispatch import (
     Dispatcher,
     GenStageDemandDispatcher,
@@ -75,8 +75,8 @@ class ProducerStage(Stage):
         self._acks: list = []
         self._fails: list = []
         self.next_token = self.first_token = time.time_ns()
-        #: crashes blamed per message id; the limit comes with the daemon's requeue
-        self.strikes = StrikeTable(limit=0)
+        #: crashes blamed per message id; ``max_crashes`` of them make a message poison
+        self.strikes = StrikeTable(limit=spec.max_crashes)
         #: ids of a prepare_messages frame that died: each goes alone next time
         self.isolate: set[str] = set()
         #: token -> id of emitted messages that are struck or isolated (to forget on settle)
@@ -91,6 +91,11 @@ class ProducerStage(Stage):
         self._settled_reported = False
         self.counters.update(requeued=0, unknown_acks=0, returned=0, stale_returns=0,
                              poison_strikes=0, poison_failed=0)
+        self.accept(commands.Shutdown, self._on_shutdown)
+        self.accept(commands.Pause, self._on_pause)
+        self.accept(commands.Resume, self._on_resume)
+        self.accept(commands.Requeue, self._on_requeue)
+        self.accept(commands.ReleaseSuspects, self._on_release_suspects)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -344,22 +349,17 @@ class ProducerStage(Stage):
         return (isinstance(token, int) and not isinstance(token, bool)
                 and self.first_token <= token < self.next_token)
 
-    def _blame(self, blame: dict, max_crashes: int) -> None:
+    def _blame(self, blame: commands.CrashBlame) -> None:
         """A processor died running messages of ours: strike the one it was running, or
         isolate the frame it was preparing."""
-        self.strikes.limit = max_crashes if isinstance(max_crashes, int) and max_crashes > 0 \
-            else 0
-        if not self.strikes.limit or not isinstance(blame, dict):
+        if not self.strikes.limit:
             return
-        child, how = str(blame.get("child", "?")), str(blame.get("how", "?"))
-        raw = blame.get("suspects")
-        suspects = [(t, i) for t, i in (s for s in raw if isinstance(s, (list, tuple))
-                                        and len(s) == 2)
-                    if self._ours(t) and isinstance(i, str)] if isinstance(raw, list) else []
+        child, how = blame.child, blame.how
+        suspects = [(t, i) for t, i in blame.suspects if self._ours(t)]
         if not suspects:
             return
-        frame_size = blame.get("frame_size", 1)
-        if blame.get("kind") == "handle_message" or (len(suspects) == 1 and frame_size == 1):
+        frame_size = blame.frame_size
+        if blame.kind == "handle_message" or (len(suspects) == 1 and frame_size == 1):
             msg_id = suspects[0][1]
             n = self.strikes.strike(msg_id, child, how)
             self.counters["poison_strikes"] += 1
@@ -384,7 +384,6 @@ class ProducerStage(Stage):
     def _maybe_cancel_consumers(self) -> None:
         if self.draining and not self.buffer and not self.downstream.closed:
             self.downstream.cancel_all("shutdown")
-            self.report("drained", {})
 
     def _watch_idle(self) -> None:
         # in flight does not count: the drain that ``--until-idle`` starts on this report
@@ -393,7 +392,7 @@ class ProducerStage(Stage):
         idle = not self.buffer and self.source.exhausted()
         if idle != self._idle:
             self._idle = idle
-            self.report("idle", {"idle": idle})
+            self.report(commands.Idle(idle))
         if self.draining:
             self._report_settled()
         self.call_later(0.1 if self.draining else 0.2, self._watch_idle)
@@ -402,19 +401,19 @@ class ProducerStage(Stage):
         """Draining and nothing in flight: the daemon may stop the tree (reported once)."""
         if not len(self.inflight) and not self._settled_reported:
             self._settled_reported = True
-            self.report("settled", self.stats())
+            self.report(commands.Settled(self.stats()))
 
-    def cmd_shutdown(self) -> None:
-        """Terminator, step 2: stop fetching, flush what was fetched, then cancel."""
+    def _on_shutdown(self, _: commands.Shutdown) -> None:
+        """The drain: stop fetching, flush what was fetched, then cancel the consumers."""
         self.draining = True
         self._pause_source()
         self.pump()
 
-    def cmd_pause(self) -> None:
+    def _on_pause(self, _: commands.Pause) -> None:
         self.paused = True
         self._pause_source()
 
-    def cmd_resume(self) -> None:
+    def _on_resume(self, _: commands.Resume) -> None:
         self.paused = False
         resume = getattr(self.source, "resume", None)
         if resume is not None:
@@ -426,17 +425,16 @@ class ProducerStage(Stage):
         if pause is not None:
             pause()
 
-    def cmd_requeue(self, reason: str = "", blame: dict | None = None,
-                    max_crashes: int = 0, hold: bool = False) -> None:
+    def _on_requeue(self, command: commands.Requeue) -> None:
         """A stage downstream died: whatever it held is lost, so hand it all back.
 
         ``blame``: what the dead processor was running, if it died unexpectedly (see
-        :mod:`.blame`); ``max_crashes``: crashes after which a message is poison;
-        ``hold``: keep suspects back until ``release`` (the processors are restarting).
+        :mod:`.blame`); ``hold_suspects``: keep suspects back until ``release_suspects``
+        (the processors are restarting).
         """
-        if blame is not None:
-            self._blame(blame, max_crashes)
-        if hold:
+        if command.blame is not None:
+            self._blame(command.blame)
+        if command.hold_suspects:
             self._hold = True
         self._watch.clear()        # every watched token is requeued now; ids stay struck
         self._failed.clear()       # and every failed one: the source has them back
@@ -447,17 +445,14 @@ class ProducerStage(Stage):
         if handles:
             self.source.requeue(handles)
             self.counters["requeued"] += len(handles)
-            log.info("%s: requeued %d in-flight messages (%s)", self.id, len(handles), reason)
+            log.info("%s: requeued %d in-flight messages (%s)", self.id, len(handles),
+                     command.reason)
         self.pump()
 
-    def cmd_release(self) -> None:
+    def _on_release_suspects(self, _: commands.ReleaseSuspects) -> None:
         """The processors are back after a crash: suspects may run again (one per frame)."""
         self._hold = False
         self.pump()
-
-    def cmd_close(self) -> None:
-        """Terminator, last step: the batch processors are done; close the source."""
-        self.running = False
 
 
 def _stable_hash(key: Any) -> int:

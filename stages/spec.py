@@ -39,6 +39,8 @@ class StageSpec:
     state_dir: str = ""
     dispatcher: str = "spread"
     buffer_size: int = 10_000
+    # producer: crashes blamed on one message before it is failed as poison (0: never)
+    max_crashes: int = 0
     # the handler method that routes messages to consumer partitions, if any
     partition_by: str | None = None
     consumer_count: int = 0

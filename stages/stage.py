@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import heapq
 import importlib
-import inspect
 import logging
 import os
 import signal
@@ -32,7 +31,7 @@ import zmq
 from offbroadway import Pipeline
 from offbroadway.supervision import child
 
-from . import protocol
+from . import commands, protocol
 from .failures import FailureTally
 from .metrics import StageMetrics
 from .spec import HUB, StageSpec, endpoint
@@ -71,6 +70,9 @@ class Stage:
         self.hub.setsockopt(zmq.LINGER, 1000)
         self.hub.connect(endpoint(spec.runtime_dir, HUB))
         self.register(self.hub, self._on_hub)
+        #: the daemon's commands this stage takes (:mod:`.commands`), by record type
+        self._commands: dict[type[commands.Command], Callable[[Any], None]] = {}
+        self.accept(commands.LogLevel, self._on_log_level)
 
     # -- wiring -----------------------------------------------------------------------------
     def register(self, sock: zmq.Socket, on_readable: Callable[[zmq.Socket], None]) -> None:
@@ -137,8 +139,13 @@ class Stage:
                 log.warning("%s: dropped malformed frame #%d from %s: %s", self.id, n, peer, exc)
             return None
 
-    def report(self, name: str, body: dict | None = None) -> None:
-        self.hub.send(protocol.report(name, body), zmq.NOBLOCK)
+    def accept(self, command: type[commands.Command],
+               handler: Callable[[Any], None]) -> None:
+        """Take ``command`` from the daemon: ``handler(record)`` runs on it."""
+        self._commands[command] = handler
+
+    def report(self, report: commands.Report) -> None:
+        self.hub.send(report.encode(), zmq.NOBLOCK)
 
     def _on_hub(self, sock: zmq.Socket) -> None:
         while True:
@@ -149,31 +156,27 @@ class Stage:
             msg = self.decode(frame, "hub")
             if msg is None or msg[0] != protocol.COMMAND:
                 continue
-            name, args = msg[1], msg[2]
-            method = getattr(self, "cmd_" + name, None)
-            if method is None:
-                log.warning("%s: unknown command %r", self.id, name)
-                continue
             try:
-                # arguments checked before the call: a daemon of another version sending
-                # an argument we do not know must not kill the stage, but a TypeError
-                # inside the command is a bug and does
-                inspect.signature(method).bind(**args)
-            except TypeError as exc:
-                log.warning("%s: command %r with bad arguments ignored: %s", self.id, name, exc)
+                command = commands.parse_command(msg[1], msg[2])
+            except commands.BadCommand as exc:
+                # a daemon of another version must not kill the stage (a TypeError inside
+                # a handler is a bug and does)
+                log.warning("%s: command ignored: %s", self.id, exc)
                 continue
-            method(**args)
+            handler = self._commands.get(type(command))
+            if handler is None:
+                log.warning("%s: command %r is not for a %s", self.id, command.NAME,
+                            self.spec.role)
+                continue
+            handler(command)
 
-    def cmd_stop(self) -> None:
-        self.running = False
-
-    def cmd_log_level(self, level: str) -> None:
+    def _on_log_level(self, command: commands.LogLevel) -> None:
         """A reload changed ``runtime.log_level``."""
-        if isinstance(level, str) and level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"):
-            logging.getLogger().setLevel(level.upper())
-            # said at the new level itself: it shows only if the new level is in force
-            log.log(logging.getLevelName(level.upper()), "%s: log level %s (reload)",
-                    self.id, level)
+        level = command.level.upper()
+        logging.getLogger().setLevel(level)
+        # said at the new level itself: it shows only if the new level is in force
+        log.log(logging.getLevelName(level), "%s: log level %s (reload)", self.id,
+                command.level)
 
     # -- the loop ---------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -185,7 +188,7 @@ class Stage:
         stats = self.stats()
         self.metrics.flush(self.counters, stats)
         try:
-            self.report("stats", stats)
+            self.report(commands.Stats(stats))
         except zmq.Again:
             pass
         self.call_later(self.TICK, self._tick)
@@ -223,7 +226,7 @@ class Stage:
     def run(self) -> int:
         self._install_signals()
         self.setup()
-        self.report("hello", {"pid": os.getpid()})
+        self.report(commands.Hello(os.getpid()))
         child.notify_ready()
         self._tick()
         handlers, fd_handlers, timers = self._handlers, self._fd_handlers, self._timers

@@ -11,6 +11,7 @@ from offbroadway.daemon import topology as topo_mod
 from offbroadway.daemon.config import validate
 from offbroadway.daemon.reactions import Reactions, cascade, restart_target
 from offbroadway.stages.blame import Blame, Suspect
+from offbroadway.stages.commands import Resubscribe
 
 P, C, B = 2, 3, 2   # producers, processors, batchers (each with 2 batch processors)
 
@@ -54,7 +55,7 @@ def _crash_cascade(r: Reactions, crashed: str, record: Blame | None = None,
 
 
 def _names(cmds) -> Counter:
-    return Counter((c.stage, c.name) for c in cmds)
+    return Counter((c.stage, c.command.NAME) for c in cmds)
 
 
 def test_a_processor_crash_cascade_is_every_downstream_stage() -> None:
@@ -78,10 +79,10 @@ def test_one_requeue_per_producer_per_crash_cascade(crashed: str) -> None:
     r = Reactions(_topology())
     _up(r)
     cmds = _crash_cascade(r, crashed)
-    requeues = [c for c in cmds if c.name == "requeue"]
+    requeues = [c for c in cmds if c.command.NAME == "requeue"]
     assert _names(requeues) == Counter({(p, "requeue"): 1 for p in r.topology.producers})
     # sent once the last member exited, before any member started again
-    first_start = next((i for i, c in enumerate(cmds) if c.name == "resubscribe"), len(cmds))
+    first_start = next((i for i, c in enumerate(cmds) if c.command.NAME == "resubscribe"), len(cmds))
     assert all(cmds.index(c) < first_start for c in requeues)
 
 
@@ -93,8 +94,8 @@ def test_exits_send_nothing_the_restart_sends_one_requeue() -> None:
         if sid != "processor_default_1":
             assert r.exited(sid, expected=True) == []
     cmds = r.restarting("PipelineSupervisor", ("ProcessorSupervisor", "BatchersSupervisor"))
-    assert [(c.stage, c.name) for c in cmds] == [(p, "requeue") for p in r.topology.producers]
-    assert "processor_default_1" in cmds[0].args["reason"]
+    assert [(c.stage, c.command.NAME) for c in cmds] == [(p, "requeue") for p in r.topology.producers]
+    assert "processor_default_1" in cmds[0].command.reason
     # a retry of the same plan (a failed start) has lost nothing new: no second requeue
     assert r.restarting("PipelineSupervisor", ("ProcessorSupervisor",)) == []
 
@@ -111,9 +112,9 @@ def test_a_sibling_still_starting_when_its_neighbour_crashed_is_covered() -> Non
     cmds += r.started("processor_default_1") + r.started("processor_default_2")
     cmds += r.exited("processor_default_2", expected=True)
     cmds += r.exited("processor_default_1", expected=True)
-    assert not [c for c in cmds if c.name == "requeue"]
+    assert not [c for c in cmds if c.command.NAME == "requeue"]
     cmds = r.restarting("PipelineSupervisor", ("ProcessorSupervisor",))
-    assert [c.name for c in cmds] == ["requeue"] * P
+    assert [c.command.NAME for c in cmds] == ["requeue"] * P
 
 
 def test_a_planned_stop_sends_no_requeue() -> None:
@@ -139,7 +140,10 @@ def test_an_operator_restart_and_a_crash_of_the_same_child_cause_the_same_cascad
         a = _crash_cascade(crash, child)
         b = _crash_cascade(op, child, operator=True)
         assert _names(a) == _names(b)
-        assert [c.args.get("hold") for c in a] == [c.args.get("hold") for c in b]
+        def shape(cmds):   # the reason's wording names the exits in their order
+            return [(c.stage, type(c.command), getattr(c.command, "hold_suspects", None),
+                     getattr(c.command, "blame", None)) for c in cmds]
+        assert shape(a) == shape(b)
     # the processor's operator restart goes through ProcessorSupervisor, so the batchers
     # restart too (as after its crash)
     assert Reactions(_topology()).operator_restart("processor_default_0") == \
@@ -151,15 +155,17 @@ def test_blame_and_hold_ride_on_the_single_requeue_and_release_follows_the_resta
     _up(r)
     record = Blame("handle_message", (Suspect(1, 1234, "m-7"),), 1)
     cmds = _crash_cascade(r, "processor_default_2", record=record)
-    requeues = {c.stage: c.args for c in cmds if c.name == "requeue"}
+    requeues = {c.stage: c.command for c in cmds if c.command.NAME == "requeue"}
     assert set(requeues) == {"producer_0", "producer_1"}
-    assert all(a["hold"] for a in requeues.values())
-    assert "blame" not in requeues["producer_0"]
-    assert requeues["producer_1"]["blame"]["suspects"] == [[1234, "m-7"]]
-    assert requeues["producer_1"]["max_crashes"] == 3
-    assert [c.stage for c in cmds if c.name == "release"] == ["producer_0", "producer_1"]
-    assert max(i for i, c in enumerate(cmds) if c.name == "requeue") < \
-        min(i for i, c in enumerate(cmds) if c.name == "release")
+    assert all(a.hold_suspects for a in requeues.values())
+    assert requeues["producer_0"].blame is None
+    assert requeues["producer_1"].blame.suspects == ((1234, "m-7"),)
+    # the producers know the limit from their spec (no longer with each requeue)
+    assert r.topology.specs["producer_1"].max_crashes == 3
+    assert [c.stage for c in cmds if c.command.NAME == "release_suspects"] == \
+        ["producer_0", "producer_1"]
+    assert max(i for i, c in enumerate(cmds) if c.command.NAME == "requeue") < \
+        min(i for i, c in enumerate(cmds) if c.command.NAME == "release_suspects")
     # release only once the last processor is up again
     r2 = Reactions(_topology(max_crashes=3), max_crashes=3)
     _up(r2)
@@ -168,8 +174,9 @@ def test_blame_and_hold_ride_on_the_single_requeue_and_release_follows_the_resta
         r2.exited(sid, expected=True)
     r2.restarting("PipelineSupervisor", ("ProcessorSupervisor",))
     for sid in r2.topology.processors[:-1]:
-        assert not [c for c in r2.started(sid) if c.name == "release"]
-    assert [c.stage for c in r2.started(r2.topology.processors[-1]) if c.name == "release"] == \
+        assert not [c for c in r2.started(sid) if c.command.NAME == "release_suspects"]
+    assert [c.stage for c in r2.started(r2.topology.processors[-1])
+            if c.command.NAME == "release_suspects"] == \
         r2.topology.producers
 
 
@@ -178,11 +185,11 @@ def test_resubscribe_goes_only_to_stages_that_are_up() -> None:
     _up(r)
     cmds = _crash_cascade(r, "processor_default_0")
     # the batchers were restarting when the processors came back: none told to resubscribe
-    assert not [c for c in cmds if c.name == "resubscribe"]
+    assert not [c for c in cmds if c.command.NAME == "resubscribe"]
     # a producer restarting alone is announced to every processor (all up)
     cmds = r.exited("producer_1", expected=False, reason="killed") + r.started("producer_1")
     assert _names(cmds) == Counter({(p, "resubscribe"): 1 for p in r.topology.processors})
-    assert all(c.args == {"producer": "producer_1"} for c in cmds)
+    assert all(c.command == Resubscribe("producer_1") for c in cmds)
 
 
 def test_a_producer_restart_requeues_nothing() -> None:
@@ -212,5 +219,5 @@ def test_no_batchers_a_processor_alone_requeues_at_once() -> None:
     r = Reactions(raw_topo)
     _up(r)
     cmds = _crash_cascade(r, "processor_default_1")
-    assert _names([c for c in cmds if c.name == "requeue"]) == Counter(
+    assert _names([c for c in cmds if c.command.NAME == "requeue"]) == Counter(
         {(p, "requeue"): 1 for p in raw_topo.producers})

@@ -1,0 +1,150 @@
+"""Broadway's terminator: when to drain, and the drain itself, as a pure state machine.
+
+Broadway ends a pipeline with a process of its own (``Broadway.Topology.Terminator``): it
+tells the processors not to resubscribe, tells the producers to stop fetching and flush,
+waits for the last stages to finish, and only then lets the supervisors stop the tree.
+Ours is this class inside the daemon (``pid: null`` in ``status``).  It does no I/O: the
+stages' reports and the supervision events go in, the commands to send and the phase come
+out, and the daemon's shell (:mod:`.app`) sends them, keeps the clock and logs.
+
+Everything follows from the topology data: the stages that read sources
+(:attr:`Topology.sources`) are told :class:`~offbroadway.stages.commands.Shutdown`, their
+consumers :class:`~offbroadway.stages.commands.NoResubscribe`; the drain waits for
+:class:`~offbroadway.stages.commands.Done` from every finisher (a stage that acks and that
+nothing consumes), then for :class:`~offbroadway.stages.commands.Settled` from every
+source (nothing left in flight: its last acks reached the source).
+
+Phases::
+
+    RUNNING --begin--> FINISHING --all finishers done--> SETTLING --all settled--> COMPLETE
+                           |                                |
+                           +------ a cascade requeued ------+--> REQUEUED
+                           +------ the deadline (shell) ----+--> EXPIRED
+
+``REQUEUED``: a stage died during the drain and the crash's requeue handed messages back to
+the source, so the drain cannot end with everything acked; under ``--until-idle`` the
+daemon runs the pipeline again (:meth:`reset`), otherwise it stops with those messages
+unacked at the source.  A stage that (re)starts while draining is brought into the drain
+on its hello.
+
+Before the drain, with ``--until-idle``: every source idle (:class:`Idle` reports) is the
+signal to begin; a downstream stage's exit (a crash cascade) forgets what was said, since
+its messages come back to the source.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from offbroadway.stages import commands
+
+from .reactions import Send
+from .topology import Topology
+
+
+class Phase(Enum):
+    RUNNING = "running"
+    FINISHING = "finishing"
+    SETTLING = "settling"
+    COMPLETE = "complete"
+    REQUEUED = "requeued"
+    EXPIRED = "expired"
+
+
+#: phases in which the drain is under way (a stage starting is brought into it)
+WAITING = (Phase.FINISHING, Phase.SETTLING)
+
+
+class Terminator:
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self.sources = list(topology.sources)
+        self.finishers = list(topology.finishers)
+        self._no_resubscribe = {c for p in self.sources for c in topology.consumers(p)}
+        self.phase = Phase.RUNNING
+        self.idle: dict[str, bool] = {}
+        self.done: set[str] = set()
+        self.settled: set[str] = set()
+
+    # -- before the drain -----------------------------------------------------------------
+    def idle_report(self, stage_id: str, idle: bool) -> bool:
+        """A source's idleness changed; True when every source is idle (``--until-idle``
+        begins the drain then)."""
+        self.idle[stage_id] = idle
+        return bool(self.sources) and all(self.idle.get(p) for p in self.sources)
+
+    def exited(self, stage_id: str) -> None:
+        """A worker exited: if it held messages (downstream, or the Spark server its
+        committers write through), what the sources said about idleness is stale."""
+        if self.topology.is_downstream(stage_id) or stage_id == self.topology.spark:
+            self.idle.clear()
+
+    # -- the drain ------------------------------------------------------------------------
+    @property
+    def draining(self) -> bool:
+        return self.phase is not Phase.RUNNING
+
+    def begin(self) -> list[Send]:
+        """Start the drain: every stage's drain command."""
+        self.phase = Phase.FINISHING
+        # consumers first: none resubscribes to a source that restarts from here on
+        order = [s for s in self.topology.specs if s not in self.sources] + self.sources
+        out = [s for sid in order for s in self._command(sid)]
+        self._advance()
+        return out
+
+    def hello(self, stage_id: str) -> list[Send]:
+        """A stage (re)started: during the drain it is brought into it too."""
+        return self._command(stage_id) if self.phase in WAITING else []
+
+    def report_done(self, stage_id: str) -> None:
+        self.done.add(stage_id)
+        self._advance()
+
+    def report_settled(self, stage_id: str) -> None:
+        self.settled.add(stage_id)
+        self._advance()
+
+    def requeued(self) -> None:
+        """A crash cascade handed messages back to the source: the drain cannot complete."""
+        if self.phase in WAITING:
+            self.phase = Phase.REQUEUED
+
+    def expire(self) -> list[str]:
+        """The shutdown timeout passed: what was still missing, in words; the drain ends."""
+        lines = []
+        if self.phase in WAITING:
+            missing = sorted(set(self.finishers) - self.done)
+            if missing:
+                lines.append(f"{missing} not done; their messages stay unacked at the "
+                             "source and will be delivered again")
+            unsettled = sorted(set(self.sources) - self.settled)
+            if unsettled:
+                lines.append(f"{unsettled} still had messages in flight")
+            self.phase = Phase.EXPIRED
+        return lines
+
+    @property
+    def ended(self) -> bool:
+        return self.phase in (Phase.COMPLETE, Phase.REQUEUED, Phase.EXPIRED)
+
+    def reset(self) -> None:
+        """Back to running (the pipeline runs again after a requeued drain)."""
+        self.phase = Phase.RUNNING
+        self.idle.clear()
+        self.done.clear()
+        self.settled.clear()
+
+    # -- inside ---------------------------------------------------------------------------
+    def _command(self, stage_id: str) -> list[Send]:
+        if stage_id in self.sources:
+            return [Send(stage_id, commands.Shutdown())]
+        if stage_id in self._no_resubscribe:
+            return [Send(stage_id, commands.NoResubscribe())]
+        return []
+
+    def _advance(self) -> None:
+        if self.phase is Phase.FINISHING and set(self.finishers) <= self.done:
+            self.phase = Phase.SETTLING
+        if self.phase is Phase.SETTLING and set(self.sources) <= self.settled:
+            self.phase = Phase.COMPLETE

@@ -1,0 +1,294 @@
+"""The control vocabulary between the daemon and the stages: every command and report, once.
+
+The daemon commands stages and stages report to it over the hub (:mod:`.protocol`'s
+COMMAND and REPORT frames).  Each command and each report is a frozen record here, with
+its arguments typed; both sides import this module (it lives under ``stages/`` because
+stages must not import the daemon), so a command the daemon sends is a command a stage
+knows, with the arguments it takes, or the type checker says so.  A stage accepts the
+commands of its role (:meth:`offbroadway.stages.stage.Stage.accept`); a command it does not
+accept, or one whose arguments do not check (a daemon of another version), is logged and
+ignored, never a crash.
+
+Adding a command (``scale``, say): a record below with its ``NAME`` and fields, an
+``accept`` in the stages that take it, and the daemon sends it with ``hub.send``.
+
+Commands (daemon → stage):
+
+==================  ==================  ==============================================
+record              to                  why
+==================  ==================  ==============================================
+Shutdown            producers           the drain: stop fetching, flush, cancel consumers
+NoResubscribe       producers' consumers  the drain: a restarted producer is not
+                                        subscribed to again (Broadway's terminator)
+Resubscribe         a stage's consumers  that upstream restarted: subscribe afresh
+Requeue             producers           a crash cascade lost what it held: hand every
+                                        message in flight back to the source (with the
+                                        crash's :class:`CrashBlame`, if any)
+ReleaseSuspects     producers           the processors are back: held suspects may run
+Pause / Resume      producers           operator drain / resume
+Flush               batchers            operator drain: partial batches now
+Batching            batchers            reload: new batch_size / batch_timeout
+LogLevel            every stage         reload: new runtime.log_level
+==================  ==================  ==============================================
+
+Reports (stage → daemon): :class:`Hello` (up, with its pid), :class:`Stats` (every tick),
+:class:`Idle` (a producer's source has nothing more, or again), :class:`Done` (a stage
+that finishes messages has finished everything: the drain's first wait), :class:`Settled`
+(a draining producer has nothing in flight: the drain's second wait).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from . import protocol
+
+
+class BadCommand(ValueError):
+    """A command or report that is not of this vocabulary, or whose arguments do not check."""
+
+
+# -- the poison contract ------------------------------------------------------------------
+@dataclass(frozen=True)
+class CrashBlame:
+    """What a processor that died on its own was running, for the producer that emitted it.
+
+    ``kind`` is the callback it died in (``handle_message``: one message is struck;
+    ``prepare_messages``: the frame's messages each run alone next time); ``suspects`` are
+    that producer's (token, message id) pairs; ``frame_size`` may exceed them when a frame's
+    ids did not all fit the blame record.
+    """
+
+    child: str
+    how: str
+    kind: str
+    frame_size: int
+    suspects: tuple[tuple[int, str], ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"child": self.child, "how": self.how, "kind": self.kind,
+                "frame_size": self.frame_size, "suspects": [list(s) for s in self.suspects]}
+
+    @classmethod
+    def from_wire(cls, raw: object) -> CrashBlame:
+        if not isinstance(raw, dict):
+            raise BadCommand("blame is not a map")
+        try:
+            child, how, kind = str(raw["child"]), str(raw["how"]), str(raw["kind"])
+            frame_size, suspects = raw["frame_size"], raw["suspects"]
+        except KeyError as exc:
+            raise BadCommand(f"blame without {exc}") from None
+        if not isinstance(frame_size, int) or not isinstance(suspects, list):
+            raise BadCommand("blame's frame_size or suspects of the wrong type")
+        pairs = tuple((t, i) for t, i in (s for s in suspects if isinstance(s, (list, tuple))
+                                          and len(s) == 2)
+                      if isinstance(t, int) and not isinstance(t, bool) and isinstance(i, str))
+        return cls(child, how, kind, frame_size, pairs)
+
+
+# -- commands ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Command:
+    """A command of the vocabulary (subclasses name it and type its arguments)."""
+
+    NAME: ClassVar[str] = ""
+
+    def args(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def encode(self) -> bytes:
+        return protocol.command(self.NAME, self.args())
+
+    @classmethod
+    def from_args(cls, args: dict) -> Command:
+        return cls(**_checked(cls, args))
+
+
+@dataclass(frozen=True)
+class Shutdown(Command):
+    NAME: ClassVar[str] = "shutdown"
+
+
+@dataclass(frozen=True)
+class NoResubscribe(Command):
+    NAME: ClassVar[str] = "no_resubscribe"
+
+
+@dataclass(frozen=True)
+class Resubscribe(Command):
+    NAME: ClassVar[str] = "resubscribe"
+    upstream: str
+
+
+@dataclass(frozen=True)
+class Requeue(Command):
+    NAME: ClassVar[str] = "requeue"
+    reason: str = ""
+    #: the crash that lost these messages names one of this producer's (None: no blame)
+    blame: CrashBlame | None = None
+    #: keep suspects back until :class:`ReleaseSuspects` (the processors are restarting)
+    hold_suspects: bool = False
+
+    def args(self) -> dict[str, Any]:
+        return {"reason": self.reason, "hold_suspects": self.hold_suspects,
+                "blame": self.blame.to_wire() if self.blame is not None else None}
+
+    @classmethod
+    def from_args(cls, args: dict) -> Command:
+        raw = dict(args)
+        blame = raw.pop("blame", None)
+        checked = _checked(cls, raw, skip=("blame",))
+        return cls(blame=CrashBlame.from_wire(blame) if blame is not None else None, **checked)
+
+
+@dataclass(frozen=True)
+class ReleaseSuspects(Command):
+    NAME: ClassVar[str] = "release_suspects"
+
+
+@dataclass(frozen=True)
+class Pause(Command):
+    NAME: ClassVar[str] = "pause"
+
+
+@dataclass(frozen=True)
+class Resume(Command):
+    NAME: ClassVar[str] = "resume"
+
+
+@dataclass(frozen=True)
+class Flush(Command):
+    NAME: ClassVar[str] = "flush"
+
+
+@dataclass(frozen=True)
+class Batching(Command):
+    NAME: ClassVar[str] = "batching"
+    batch_size: int
+    batch_timeout: float
+
+    def __post_init__(self) -> None:
+        if self.batch_size <= 0 or self.batch_timeout <= 0:
+            raise BadCommand("batch_size and batch_timeout must be > 0")
+
+
+@dataclass(frozen=True)
+class LogLevel(Command):
+    NAME: ClassVar[str] = "log_level"
+    level: str
+
+    def __post_init__(self) -> None:
+        if self.level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise BadCommand(f"unknown log level {self.level!r}")
+
+
+COMMANDS: dict[str, type[Command]] = {c.NAME: c for c in (
+    Shutdown, NoResubscribe, Resubscribe, Requeue, ReleaseSuspects, Pause, Resume, Flush,
+    Batching, LogLevel)}
+
+
+def parse_command(name: object, args: object) -> Command:
+    """The command a COMMAND frame carries, or :class:`BadCommand`."""
+    cls = COMMANDS.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise BadCommand(f"unknown command {name!r}")
+    if not isinstance(args, dict):
+        raise BadCommand(f"command {name!r}: arguments are not a map")
+    return cls.from_args(args)
+
+
+# -- reports ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Report:
+    """A report of the vocabulary."""
+
+    NAME: ClassVar[str] = ""
+
+    def encode(self) -> bytes:
+        return protocol.report(self.NAME, {f.name: getattr(self, f.name)
+                                           for f in dataclasses.fields(self)})
+
+    @classmethod
+    def from_body(cls, body: dict) -> Report:
+        return cls(**_checked(cls, body))
+
+
+@dataclass(frozen=True)
+class Hello(Report):
+    """The stage is up (sent before it tells its supervisor it is ready)."""
+
+    NAME: ClassVar[str] = "hello"
+    pid: int
+
+
+@dataclass(frozen=True)
+class Stats(Report):
+    """The stage's counters, every tick (what ``status`` and the totals show)."""
+
+    NAME: ClassVar[str] = "stats"
+    stats: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Idle(Report):
+    """A producer's source has nothing more to give (or has again): ``--until-idle``."""
+
+    NAME: ClassVar[str] = "idle"
+    idle: bool
+
+
+@dataclass(frozen=True)
+class Done(Report):
+    """Every upstream cancelled and everything this stage held is finished: its final
+    counters."""
+
+    NAME: ClassVar[str] = "done"
+    stats: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Settled(Report):
+    """A draining producer has nothing in flight any more: its final counters."""
+
+    NAME: ClassVar[str] = "settled"
+    stats: dict = field(default_factory=dict)
+
+
+REPORTS: dict[str, type[Report]] = {r.NAME: r for r in (Hello, Stats, Idle, Done, Settled)}
+
+
+def parse_report(name: object, body: object) -> Report:
+    """The report a REPORT frame carries, or :class:`BadCommand`."""
+    cls = REPORTS.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise BadCommand(f"unknown report {name!r}")
+    if not isinstance(body, dict):
+        raise BadCommand(f"report {name!r}: body is not a map")
+    return cls.from_body(body)
+
+
+# -- checking ---------------------------------------------------------------------------------
+_SIMPLE = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,),
+           "dict": (dict,)}
+
+
+def _checked(cls: type, args: dict, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``args`` if they are exactly ``cls``'s fields, each of its declared simple type."""
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in skip}
+    unknown = set(args) - set(fields)
+    if unknown:
+        raise BadCommand(f"{cls.NAME}: unknown arguments {sorted(unknown)}")
+    for name, f in fields.items():
+        if name not in args:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise BadCommand(f"{cls.NAME}: missing argument {name!r}")
+            continue
+        types = _SIMPLE.get(str(f.type))
+        value = args[name]
+        if types is not None and (not isinstance(value, types) or
+                                  (bool not in types and isinstance(value, bool))):
+            raise BadCommand(f"{cls.NAME}: {name} must be {f.type}, not {value!r}")
+    return args
+

@@ -1,0 +1,148 @@
+"""The terminator (the drain's state machine), without processes: who is told what, what it
+waits for and in which order, a stage starting during the drain, a crash cascade's requeue
+ending it, the deadline, and ``--until-idle``'s idle signal."""
+
+from __future__ import annotations
+
+from offbroadway.daemon import topology as topo_mod
+from offbroadway.daemon.config import validate
+from offbroadway.daemon.reactions import Reactions, cascade
+from offbroadway.daemon.terminator import Phase, Terminator
+from offbroadway.stages import commands
+
+
+def _topology(batchers: int = 2) -> topo_mod.Topology:
+    raw = {
+        "pipeline": {"name": "t", "handler": "examples.orders:Orders"},
+        "producer": {"source": "spool", "options": {"path": "var/spool"}, "concurrency": 2},
+        "processors": {"default": {"concurrency": 3}},
+        "batchers": {f"b{i}": {"batch_size": 10, "concurrency": 2} for i in range(batchers)},
+        "runtime": {"dir": "/tmp/ob-run"},
+    }
+    return topo_mod.build(validate(raw).config)
+
+
+def test_begin_tells_sources_to_shut_down_and_their_consumers_not_to_resubscribe() -> None:
+    t = _topology()
+    term = Terminator(t)
+    sends = term.begin()
+    assert [(s.stage, type(s.command)) for s in sends] == (
+        [(p, commands.NoResubscribe) for p in t.processors]
+        + [(p, commands.Shutdown) for p in t.producers])
+    assert term.draining and term.phase is Phase.FINISHING and not term.ended
+
+
+def test_the_drain_waits_for_every_finisher_then_every_source() -> None:
+    t = _topology()
+    term = Terminator(t)
+    term.begin()
+    assert term.finishers == t.batch_processors
+    # a source settling early does not end the drain: finishers first
+    for p in t.producers:
+        term.report_settled(p)
+    for bp in t.batch_processors[:-1]:
+        term.report_done(bp)
+        assert term.phase is Phase.FINISHING
+    term.report_done(t.processors[0])          # not a finisher here: changes nothing
+    assert term.phase is Phase.FINISHING
+    term.report_done(t.batch_processors[-1])
+    assert term.phase is Phase.COMPLETE and term.ended
+
+    term2 = Terminator(t)
+    term2.begin()
+    for bp in t.batch_processors:
+        term2.report_done(bp)
+    assert term2.phase is Phase.SETTLING
+    term2.report_settled(t.producers[0])
+    assert term2.phase is Phase.SETTLING
+    term2.report_settled(t.producers[1])
+    assert term2.phase is Phase.COMPLETE
+
+
+def test_without_batchers_the_processors_finish() -> None:
+    t = _topology(batchers=0)
+    term = Terminator(t)
+    assert term.finishers == t.processors
+    term.begin()
+    for s in t.processors + t.producers:
+        (term.report_done if s in t.processors else term.report_settled)(s)
+    assert term.phase is Phase.COMPLETE
+
+
+def test_a_stage_starting_during_the_drain_is_brought_into_it() -> None:
+    t = _topology()
+    term = Terminator(t)
+    assert term.hello("producer_0") == []          # not draining: nothing
+    term.begin()
+    assert [type(s.command) for s in term.hello("producer_1")] == [commands.Shutdown]
+    assert [type(s.command) for s in term.hello("processor_default_2")] == \
+        [commands.NoResubscribe]
+    assert term.hello("batcher_b0") == []
+    for bp in t.batch_processors:
+        term.report_done(bp)
+    for p in t.producers:
+        term.report_settled(p)
+    assert term.hello("producer_1") == []          # the drain is over
+
+
+def test_a_crash_cascade_requeue_ends_the_drain_unfinished() -> None:
+    """The reactions' single requeue during the drain is what the daemon tells the
+    terminator; the drain stops waiting, and ``reset`` runs the pipeline again."""
+    t = _topology()
+    reactions, term = Reactions(t), Terminator(t)
+    for sid in t.stages:
+        reactions.started(sid)
+    term.begin()
+    term.report_done(t.batch_processors[0])
+    sends = reactions.exited("processor_default_0", expected=False, reason="killed")
+    for sid in reversed(cascade(reactions.tree, "processor_default_0")):
+        if sid != "processor_default_0":
+            term.exited(sid)
+            sends += reactions.exited(sid, expected=True)
+    sends += reactions.restarting("PipelineSupervisor", ("ProcessorSupervisor",))
+    assert [type(s.command) for s in sends] == [commands.Requeue] * len(t.producers)
+    term.requeued()
+    assert term.phase is Phase.REQUEUED and term.ended
+    term.reset()
+    assert term.phase is Phase.RUNNING and not term.done and not term.settled
+
+
+def test_a_planned_stop_during_the_drain_requeues_nothing() -> None:
+    t = _topology()
+    reactions, term = Reactions(t), Terminator(t)
+    for sid in t.stages:
+        reactions.started(sid)
+    term.begin()
+    sends = []
+    for sid in reversed(t.stages):
+        sends += reactions.exited(sid, expected=True)
+    assert sends == []
+    assert term.phase is Phase.FINISHING
+
+
+def test_the_deadline_says_who_was_missing() -> None:
+    t = _topology()
+    term = Terminator(t)
+    assert term.expire() == []                      # not draining: nothing
+    term.begin()
+    term.report_done(t.batch_processors[0])
+    term.report_settled("producer_0")
+    lines = term.expire()
+    assert len(lines) == 2
+    assert str(sorted(t.batch_processors[1:])) in lines[0]
+    assert "['producer_1']" in lines[1]
+    assert term.phase is Phase.EXPIRED and term.ended
+    assert term.expire() == []                      # said once
+
+
+def test_until_idle_every_source_idle_and_a_downstream_exit_forgets_it() -> None:
+    t = _topology()
+    term = Terminator(t)
+    assert not term.idle_report("producer_0", True)
+    assert term.idle_report("producer_1", True)
+    term.exited("producer_0")                       # a source: its idleness is its own
+    assert term.idle_report("producer_1", True)
+    term.exited("batch_processor_b0_0")             # downstream: its messages come back
+    assert not term.idle_report("producer_1", True)
+    assert term.idle_report("producer_0", True)
+    assert not term.idle_report("producer_0", False)
