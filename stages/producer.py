@@ -392,6 +392,10 @@ class ProducerStage(Stage):
         idle = not self.buffer and self.source.exhausted()
         if idle != self._idle:
             self._idle = idle
+            # the counts first: ``--until-idle`` starts its drain on this report, and a
+            # status read then must not show the last tick's (up to a second old, before
+            # the first fetch on a fast run: nothing in flight in a drain that has work)
+            self.report(commands.Stats(self.stats()))
             self.report(commands.Idle(idle))
         if self.draining:
             self._report_settled()
