@@ -451,6 +451,8 @@ class Supervisor:
 
     async def _restart_child(self, child_id: str) -> None:
         async with self._lock:
+            if self.state not in ("running", "restarting"):
+                raise SupervisionError(f"supervisor {self.id} is {self.state}")
             node = self._child(child_id)
             self._refuse_if_busy(node)
             log.info("supervisor %s: restart_child %s", self.id, child_id)
@@ -478,7 +480,8 @@ class Supervisor:
 
     async def start_child(self, spec: ChildSpec) -> Node:
         """Add a child after the others and start it; on failure it is not kept.  Children
-        added this way are not in the spec, so a restart of this supervisor drops them."""
+        added this way are not in the spec, so a restart of this supervisor drops them (as
+        OTP's; :meth:`change_spec` then :meth:`restart_child` adds one that stays)."""
         return await self._run_tracked(self._start_child(spec))
 
     async def _start_child(self, spec: ChildSpec) -> Node:
@@ -497,6 +500,66 @@ class Supervisor:
                 self.children.remove(node)
                 raise exc.within(self.id) from None
             return node
+
+    async def change_spec(self, spec: SupervisorSpec) -> list[str]:
+        """OTP's ``code_change`` for a supervisor: take ``spec`` as this supervisor's new
+        flags and children, at every depth, without starting or stopping anything.
+
+        As OTP's ``update_childspec``: a running child keeps running under its new spec
+        (used at its next start); a child new in ``spec`` is added after the others, not
+        started (``restart_child`` starts it, as OTP's); a child no longer in ``spec`` is
+        kept until ``terminate_child`` and ``delete_child`` remove it.  A nested
+        supervisor takes its new spec the same way, so a restart of any supervisor of the
+        subtree from now on builds the new shape (a restart rebuilds from the spec), which
+        is what lets a resize survive a crash.  Returns the ids of the children added, at
+        any depth, in start order.  A child that would change kind (worker/supervisor) is
+        refused before anything changes.
+        """
+        self._check_change(spec)
+        return await self._run_tracked(self._change_spec(spec))
+
+    def _check_change(self, spec: SupervisorSpec) -> None:
+        if not isinstance(spec, SupervisorSpec) or spec.id != self.id:
+            raise SpecError(f"{self.id}: a new spec must be a SupervisorSpec with the same "
+                            f"id, not {spec!r}")
+        nodes = {n.id: n for n in self.children}
+        for cs in spec.children:
+            node = nodes.get(cs.id)
+            if node is None:
+                continue
+            if node.kind != cs.type:
+                raise SpecError(f"{self.id}/{cs.id}: a {node.kind} cannot become a {cs.type} "
+                                f"while running")
+            if isinstance(node, Supervisor):
+                node._check_change(cs)  # type: ignore[arg-type]
+
+    async def _change_spec(self, spec: SupervisorSpec) -> list[str]:
+        async with self._lock:
+            old_flags = (self.spec.max_restarts, self.spec.max_seconds)
+            self.spec = spec
+            if (spec.max_restarts, spec.max_seconds) != old_flags:
+                self._intensity = RestartIntensity(spec.max_restarts, spec.max_seconds)
+            nodes = {n.id: n for n in self.children}
+            kids: list[Node] = []
+            added: list[str] = []
+            nested: list[str] = []
+            for cs in spec.children:
+                node = nodes.pop(cs.id, None)
+                if node is None:
+                    node = self._make_node(cs)
+                    added.append(cs.id)
+                elif isinstance(node, Supervisor):
+                    nested += await node._change_spec(cs)  # type: ignore[arg-type]
+                else:
+                    node.spec = cs  # type: ignore[assignment]
+                kids.append(node)
+            # children no longer in the spec stay, last (stopped first), until deleted
+            kids += [n for n in self.children if n.id in nodes]
+            self.children = kids
+        if added:
+            log.info("supervisor %s: new spec; children added, not started: %s", self.id,
+                     ", ".join(added))
+        return added + nested
 
     # -- looking at the tree ----------------------------------------------------------------
     def find(self, child_id: str) -> Node | None:

@@ -159,3 +159,59 @@ def test_events_of_nested_workers_reach_the_root_and_a_failing_handler_is_harmle
             await sup.stop()
 
     run(scenario())
+
+
+def test_change_spec_grows_and_shrinks_a_running_tree_and_a_restart_keeps_the_new_shape(log):
+    """OTP's code_change: new children are added (not started) and kept by a restart; gone
+    ones stay until terminate_child + delete_child; nothing counts toward intensity."""
+
+    def tree(ids, strategy=Strategy.ONE_FOR_ALL):
+        inner = SupervisorSpec("inner", strategy, max_restarts=0,
+                               children=[worker(i, log) for i in ids])
+        return SupervisorSpec("root", Strategy.ONE_FOR_ONE, max_restarts=5,
+                              children=[worker("a", log), inner])
+
+    async def scenario():
+        rec = Recorder()
+        sup = Supervisor(tree(["x", "y"]), rec)
+        await sup.start()
+        try:
+            inner = sup.find("inner")
+            pids = {i: sup.find(i).pid for i in ("a", "x", "y")}
+            # grow: z is added, not started; nobody else moves
+            assert await sup.change_spec(tree(["x", "y", "z"])) == ["z"]
+            assert [(c.id, c.state) for c in inner.which_children()] == [
+                ("x", "running"), ("y", "running"), ("z", "stopped")]
+            await inner.restart_child("z")
+            assert inner.find("z").state == "running"
+            assert {i: sup.find(i).pid for i in pids} == pids
+            # shrink: y and z stay until terminated and deleted
+            assert await sup.change_spec(tree(["x"])) == []
+            assert [c.id for c in inner.which_children()] == ["x", "y", "z"]
+            z = inner.find("z").pid
+            for cid in ("z", "y"):
+                await inner.terminate_child(cid)
+                await inner.delete_child(cid)
+            assert gone(z) and [c.id for c in inner.which_children()] == ["x"]
+            assert not rec.of("ChildExited") or all(e.expected for e in rec.of("ChildExited"))
+            assert (sup.restarts, inner.restarts, sup.find("x").restarts) == (0, 0, 0)
+            assert sup.find("x").pid == pids["x"] and sup.find("a").pid == pids["a"]
+            # a crash restarts inner from its new spec: x alone, then x and w
+            await sup.change_spec(tree(["x", "w"]))
+            assert inner.find("w").state == "stopped"
+            os.kill(sup.find("x").pid, signal.SIGKILL)
+            await eventually(lambda: inner.restarts == 1 and inner.state == "running"
+                             and all(inner.find(i).state == "running" for i in ("x", "w")),
+                             message="inner restarted with x and w")
+            assert [c.id for c in inner.which_children()] == ["x", "w"]
+            assert sup.find("y") is None and sup.find("a").pid == pids["a"]
+            # a child cannot change kind live: refused before anything changes
+            bad = SupervisorSpec("root", Strategy.ONE_FOR_ONE, max_restarts=5, children=[
+                SupervisorSpec("a", Strategy.ONE_FOR_ONE, children=[]), tree(["x"]).children[1]])
+            with pytest.raises(SupervisionError, match="cannot become"):
+                await sup.change_spec(bad)
+            assert [c.id for c in inner.which_children()] == ["x", "w"]
+        finally:
+            await sup.stop()
+
+    run(scenario())
