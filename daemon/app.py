@@ -208,10 +208,15 @@ class Daemon:
             self.terminator.exited(event.child_id)
             if event.child_id in self.reactions.blamed:
                 record = self._blame_record(event)
+        # asked before the reactions forget what the cascade lost
+        handed_back = isinstance(event, Restarting) and self.reactions.hands_back(
+            event.children)
         sends = self.reactions.on_event(event, record)
-        if isinstance(event, Restarting) and sends and self.terminator.draining:
-            # what the dead stages held went back to the source: the drain cannot end
-            # with every message acked; it stops waiting (see _run_again)
+        if handed_back and self.terminator.draining:
+            # what the dead stages held went back to the source (requeued by the live
+            # producers, or taken back by restarting ones: a Spark server's restart takes
+            # every producer along): the drain cannot end with every message acked; it
+            # stops waiting (see _run_again)
             self.terminator.requeued()
             self._progress.set()
         self._send(sends)
@@ -320,10 +325,21 @@ class Daemon:
                     log.info("pipeline %s: source exhausted; draining (what is in flight is "
                              "written and acked first)", name)
                 await self.drain()
-                if not (self.until_idle and self.terminator.phase is Phase.REQUEUED and
-                        not self._stop.is_set()):
-                    return 0
-                await self._run_again()
+                if self._stop.is_set() or not self.until_idle:
+                    return 0   # a stop: what is not done stays unacked, delivered again
+                if self.terminator.phase is Phase.REQUEUED:
+                    await self._run_again()
+                    continue
+                if self.terminator.phase is Phase.EXPIRED:
+                    # --until-idle promises every message written and acked: say that it
+                    # was not, and exit non-zero (nothing is lost: the source keeps them)
+                    log.error("pipeline %s: --until-idle: the drain did not finish within "
+                              "shutdown_timeout %gs; what was in flight stays unacked at the "
+                              "source and is delivered again at the next run; exiting 1",
+                              name, self.config.pipeline.shutdown_timeout)
+                    self.notifier.status("drain incomplete")
+                    return 1
+                return 0
         finally:
             self.notifier.stopping()
             self._announce_stop()
@@ -347,10 +363,14 @@ class Daemon:
         log.warning("pipeline %s: a stage died during the drain and its messages went back "
                     "to the source; running again until idle, so that every message is "
                     "written and acked before exiting", self.config.pipeline.name)
-        self.terminator.reset()
+        drained = self.terminator.reset()
         self._idle_event.clear()
-        first = self.topology.root.children[1 if self.topology.spark else 0].id
-        await self.root.restart_subtree_or_child(first)
+        if drained:
+            # stages still in drain mode would leave the requeued messages at the source
+            first = self.topology.root.children[1 if self.topology.spark else 0].id
+            await self.root.restart_subtree_or_child(first)
+        # else every drained stage is gone (a Spark server's restart takes the whole
+        # pipeline along): their successors start undrained, no second restart needed
         self.notifier.status("running (again after a crash during the drain)")
 
     async def _start_unless_stopped(self) -> bool:
@@ -488,7 +508,8 @@ class Daemon:
                 log.warning("drain: after %.1fs, %s", timeout, line)
         if t.phase is Phase.REQUEUED and self.until_idle and not self._stop.is_set():
             return   # not complete: run again (see _run_again)
-        log.info("drain complete")
+        log.info("drain complete" if t.phase is Phase.COMPLETE else
+                 "drain ended at shutdown_timeout")
         for p in self.topology.producers:
             # the books of each source as its producer last reported them (the settled
             # report when it settled): what an operator checks after a stop

@@ -164,6 +164,19 @@ class Reactions:
             self._add_blame(child_id, reason, record)
         return []
 
+    def hands_back(self, children: Iterable[str]) -> bool:
+        """Whether the restart about to start (``children`` of one supervisor) puts
+        messages back at the source: a downstream stage was lost since the last requeue
+        (the live producers requeue what it held), or a producer restarts (its source takes
+        back what it had in flight; a Spark server restart takes every producer along).
+        Ask before :meth:`restarting`, which forgets what was lost.  A drain under
+        ``--until-idle`` cannot end with every message acked after such a restart."""
+        if self.lost:
+            return True
+        sources = set(self.topology.sources)
+        return any(w in sources
+                   for w in self.tree.workers(c for c in children if c in self.tree.node))
+
     def restarting(self, supervisor_id: str, children: Iterable[str] = (),
                    reason: str = "") -> list[Send]:
         """A restart plan's terminations are done: requeue once if anything was lost."""

@@ -22,9 +22,12 @@ Phases::
                            +------ the deadline (shell) ----+--> EXPIRED
 
 ``REQUEUED``: a stage died during the drain and the crash's requeue handed messages back to
-the source, so the drain cannot end with everything acked; under ``--until-idle`` the
-daemon runs the pipeline again (:meth:`reset`), otherwise it stops with those messages
-unacked at the source.  A stage that (re)starts while draining is brought into the drain
+the source (or the restart took producers along, whose sources took back what they had in
+flight: a Spark server's restart restarts them all), so the drain cannot end with
+everything acked; under ``--until-idle`` the daemon runs the pipeline again (:meth:`reset`
+says which drained stages still run and must be restarted for that), otherwise it stops
+with those messages unacked at the source.  ``EXPIRED`` under ``--until-idle`` is an exit
+1: the promise "every message written and acked" was not kept.  A stage that (re)starts while draining is brought into the drain
 on its hello.
 
 Before the drain, with ``--until-idle``: every source idle (:class:`Idle` reports) is the
@@ -65,6 +68,8 @@ class Terminator:
         self.idle: dict[str, bool] = {}
         self.done: set[str] = set()
         self.settled: set[str] = set()
+        #: stages told to drain that have not exited since (a run again restarts them)
+        self.drained: set[str] = set()
 
     # -- before the drain -----------------------------------------------------------------
     def idle_report(self, stage_id: str, idle: bool) -> bool:
@@ -76,6 +81,7 @@ class Terminator:
     def exited(self, stage_id: str) -> None:
         """A worker exited: if it held messages (downstream, or the Spark server its
         committers write through), what the sources said about idleness is stale."""
+        self.drained.discard(stage_id)
         if self.topology.is_downstream(stage_id) or stage_id == self.topology.spark:
             self.idle.clear()
 
@@ -128,18 +134,24 @@ class Terminator:
     def ended(self) -> bool:
         return self.phase in (Phase.COMPLETE, Phase.REQUEUED, Phase.EXPIRED)
 
-    def reset(self) -> None:
-        """Back to running (the pipeline runs again after a requeued drain)."""
+    def reset(self) -> set[str]:
+        """Back to running (the pipeline runs again after a requeued drain).  Returns the
+        stages still in drain mode, which would leave the requeued messages at the source
+        (empty when the restart took them all along, as a Spark server's does)."""
         self.phase = Phase.RUNNING
         self.idle.clear()
         self.done.clear()
         self.settled.clear()
+        drained, self.drained = self.drained, set()
+        return drained
 
     # -- inside ---------------------------------------------------------------------------
     def _command(self, stage_id: str) -> list[Send]:
         if stage_id in self.sources:
+            self.drained.add(stage_id)
             return [Send(stage_id, commands.Shutdown())]
         if stage_id in self._no_resubscribe:
+            self.drained.add(stage_id)
             return [Send(stage_id, commands.NoResubscribe())]
         return []
 

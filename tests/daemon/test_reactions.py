@@ -221,3 +221,48 @@ def test_no_batchers_a_processor_alone_requeues_at_once() -> None:
     cmds = _crash_cascade(r, "processor_default_1")
     assert _names([c for c in cmds if c.command.NAME == "requeue"]) == Counter(
         {(p, "requeue"): 1 for p in raw_topo.producers})
+
+
+def test_what_a_restart_hands_back_to_the_source() -> None:
+    """``hands_back``: the question a drain under --until-idle asks at each restart (may
+    it still end with every message acked?).  A downstream crash does (the live producers
+    requeue); a producer's restart does (its source takes back what it had in flight),
+    and so does a Spark server's, which restarts every producer; a restart that loses
+    nothing downstream and restarts no producer does not."""
+    raw = {
+        "pipeline": {"name": "t", "handler": "examples.orders:Orders"},
+        "producer": {"source": "spool", "options": {"path": "var/spool"}, "concurrency": P},
+        "batchers": {"b0": {"batch_size": 10}},
+        "spark": {"output": "/tmp/ob-out"},
+        "runtime": {"dir": "/tmp/ob-run"},
+    }
+    from offbroadway.daemon.spark import plan
+
+    config = validate(raw).config
+    p = plan(config.spark, runtime_dir="/tmp/ob-run", state_dir="/tmp/ob-state")
+    topo = topo_mod.build(config, spark_child=p.child, spark_settings=p.settings)
+    r = Reactions(topo)
+    _up(r)
+    # the Spark JVM dies: rest_for_one stops everything after it, producers included
+    r.exited("spark", expected=False, reason="exited with code 1")
+    for sid in reversed(topo.stages):
+        r.exited(sid, expected=True)
+    later = tuple(c.id for c in topo.root.children)
+    assert r.hands_back(later)
+    assert r.restarting("PipelineSupervisor", later) == []   # no live producer to tell
+    _up(r)
+    # a producer alone (one_for_one): its source takes back what it had in flight
+    r.exited("producer_0", expected=False, reason="killed")
+    assert r.hands_back(("producer_0",))
+    r.restarting("ProducerSupervisor", ("producer_0",))
+    r.started("producer_0")
+    # a committer: its batcher and batch processors go too (downstream: lost)
+    r.exited("committer_b0", expected=False, reason="killed")
+    for sid in ("batch_processor_b0_0", "batcher_b0"):
+        r.exited(sid, expected=True)
+    assert r.hands_back(("committer_b0", "batcher_b0", "BatchProcessorSupervisor_b0"))
+    r.restarting("BatcherSupervisor_b0", ("committer_b0",))
+    _up(r)
+    # nothing downstream lost since the last restart, no producer among the children:
+    # nothing goes back to the source
+    assert not r.hands_back(("committer_b0",))

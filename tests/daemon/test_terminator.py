@@ -146,3 +146,49 @@ def test_until_idle_every_source_idle_and_a_downstream_exit_forgets_it() -> None
     assert not term.idle_report("producer_1", True)
     assert term.idle_report("producer_0", True)
     assert not term.idle_report("producer_0", False)
+
+
+def test_a_spark_server_restart_in_the_drain_ends_it_and_leaves_nothing_drained() -> None:
+    """The Spark JVM dies during the drain: the pipeline's rest_for_one stops every stage
+    after it, producers included, and restarts them.  No live producer is left to requeue
+    (no Requeue is sent), yet their sources took back what was in flight: the reactions
+    say the restart hands messages back, the drain ends REQUEUED, and ``reset`` names no
+    stage still in drain mode (their successors start undrained: no second restart)."""
+    from offbroadway.daemon.spark import plan
+
+    raw = {
+        "pipeline": {"name": "t", "handler": "examples.orders:Orders"},
+        "producer": {"source": "spool", "options": {"path": "var/spool"}, "concurrency": 2},
+        "batchers": {"b0": {"batch_size": 10}},
+        "spark": {"output": "/tmp/ob-out"},
+        "runtime": {"dir": "/tmp/ob-run"},
+    }
+    config = validate(raw).config
+    p = plan(config.spark, runtime_dir="/tmp/ob-run", state_dir="/tmp/ob-state")
+    t = topo_mod.build(config, spark_child=p.child, spark_settings=p.settings)
+    reactions, term = Reactions(t), Terminator(t)
+    for sid in t.stages:
+        reactions.started(sid)
+    term.begin()
+    assert term.drained == set(t.producers) | set(t.processors)
+    reactions.exited("spark", expected=False, reason="exited with code 1")
+    term.exited("spark")
+    for sid in reversed(t.stages):
+        reactions.exited(sid, expected=True)
+        term.exited(sid)
+    later = tuple(c.id for c in t.root.children)
+    assert reactions.hands_back(later)
+    assert reactions.restarting("PipelineSupervisor", later) == []
+    term.requeued()
+    assert term.phase is Phase.REQUEUED
+    assert term.reset() == set()
+
+    # a processor crash instead: the producers live on, drained, and must be restarted
+    term.begin()
+    for sid in t.stages:
+        reactions.started(sid)
+    reactions.exited("processor_default_0", expected=False, reason="killed")
+    term.exited("processor_default_0")
+    assert reactions.hands_back(("ProcessorSupervisor",))
+    term.requeued()
+    assert term.reset() >= set(t.producers)

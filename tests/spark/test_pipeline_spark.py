@@ -2,8 +2,8 @@
 
 Most tests point the daemon at the suite's shared Connect server (``remote`` plus a token
 from an environment variable, the way a real cluster is configured), so they do not pay a
-JVM start each; one test lets the daemon start and supervise its own server and SIGKILLs
-it mid-run.  Output is read back with pyarrow: what Spark committed, nothing else.
+JVM start each; two tests let the daemon start and supervise its own server and SIGKILL
+its JVM during a commit: mid-run, and in the ``--until-idle`` drain.  Output is read back with pyarrow: what Spark committed, nothing else.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import REPO, offbroadway_cmd, start_daemon, test_env, wait_until
+from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
 from tests.e2e.handlers import read_records
 from tests.e2e.test_pipeline import make_config, stage_pids, write_spool
 
@@ -51,12 +51,15 @@ def rows(output: Path, batcher: str) -> list[dict]:
     raise AssertionError(f"could not list {path} while it was being written")
 
 
-def stage_stats(control_socket: Path) -> dict[str, dict]:
-    """Stage id → the counters it last reported (``status --json``)."""
+def status(control_socket: Path) -> dict:
+    """The running daemon's ``status --json`` ({} while it does not answer)."""
     out = subprocess.run(offbroadway_cmd("status", "--json", "--socket", str(control_socket)),
                          cwd=REPO, env=test_env(), capture_output=True, text=True, timeout=30)
-    if out.returncode != 0:
-        return {}
+    return json.loads(out.stdout) if out.returncode == 0 else {}
+
+
+def stage_stats(st: dict) -> dict[str, dict]:
+    """Stage id → the counters it last reported, from a status."""
     found: dict[str, dict] = {}
 
     def walk(node: dict) -> None:
@@ -65,13 +68,14 @@ def stage_stats(control_socket: Path) -> dict[str, dict]:
         for c in node["children"]:
             walk(c)
 
-    walk(json.loads(out.stdout)["tree"])
+    if st:
+        walk(st["tree"])
     return found
 
 
 def committing(control_socket: Path, committer: str) -> bool:
     """The committer reported a Spark job running, after at least one committed."""
-    s = stage_stats(control_socket).get(committer, {})
+    s = stage_stats(status(control_socket)).get(committer, {})
     return s.get("committing", 0) > 0 and s.get("commits", 0) > 0
 
 
@@ -266,47 +270,125 @@ def test_a_batch_processor_stopped_while_spark_is_down_exits_at_once(short_tmp: 
     assert not (short_tmp / "state" / "spool" / "dead-letter.jsonl").exists()
 
 
-def test_sigkill_of_the_daemons_own_spark_server_loses_nothing(short_tmp: Path) -> None:
-    """The daemon starts and supervises its own server; its JVM is SIGKILLed mid-run.
-    rest_for_one restarts everything after it; the output holds every line at least once."""
+def own_spark_config(tmp: Path, n: int, *, context: dict, shutdown_timeout: float,
+                     batchers: dict) -> Path:
+    """A pipeline whose daemon starts and supervises its own Spark server (``local[1]``),
+    over ``n`` spool lines routed even/odd; small jobs (2,000 rows, 0.3 s), so that the
+    batch processors' window (2 x commit_rows) does not fetch the whole input at once."""
+    write_spool(tmp / "spool", n, files=3)
+    config = make_config(tmp, context=context, shutdown_timeout=shutdown_timeout,
+                         batchers=batchers)
+    config.write_text(config.read_text() + spark_section(
+        tmp / "dataset", master="local[1]", commit_rows=2000, commit_interval=0.3))
+    return config
+
+
+def start_logged(config: Path, tmp: Path, env: dict[str, str] | None = None
+                 ) -> tuple[subprocess.Popen, Path]:
+    """``run --until-idle`` with stderr in a file (a pipe nobody reads while the test
+    waits would fill and block the daemon's logging)."""
+    log = tmp / "daemon.err"
+    with open(log, "w") as err_file:
+        daemon = subprocess.Popen(offbroadway_cmd("run", str(config), "--until-idle"),
+                                  cwd=REPO, env=env or test_env(), stdout=subprocess.PIPE,
+                                  stderr=err_file, text=True)
+    return daemon, log
+
+
+def committing_now(sock: Path, *, draining: bool) -> dict:
+    """The status, once a committer reports a Spark job running (after one committed)
+    and the pipeline is (or is not) draining; else {}."""
+    st = status(sock)
+    if not st or bool(st.get("draining")) != draining:
+        return {}
+    stats = stage_stats(st)
+    busy = [c for c in ("committer_even", "committer_odd")
+            if stats.get(c, {}).get("committing", 0) > 0 and stats[c].get("commits", 0) > 0]
+    return st if busy else {}
+
+
+def kill_the_jvm(st: dict) -> int:
     import psutil
 
+    wrapper = next(c["pid"] for c in st["tree"]["children"] if c["id"] == "spark")
+    jvm = next(p for p in psutil.Process(wrapper).children() if "java" in p.name())
+    jvm.kill()
+    return jvm.pid
+
+
+def test_sigkill_of_the_daemons_own_spark_server_loses_nothing(short_tmp: Path) -> None:
+    """The daemon starts and supervises its own server; its JVM is SIGKILLed while a
+    committer runs a Spark job, long before the source is exhausted.  rest_for_one
+    restarts everything after it; the output holds every line, duplicates only as the
+    same message_id."""
     n = 12_000
-    write_spool(short_tmp / "spool", n, files=3)
-    out = short_tmp / "dataset"
-    # slow enough that the source is not exhausted before the kill: once it is, the drain
-    # starts and a server restart longer than shutdown_timeout (50-60 s under load) ends
-    # the run with lines still waiting in the spool; small jobs, so that the batch
-    # processors' window (2 x commit_rows) does not fetch the whole input at once
-    config = make_config(short_tmp, context={"slow": 0.004}, shutdown_timeout=60.0, batchers={
-        "even": {"batch_size": 1000, "batch_timeout": 1.0},
-        "odd": {"batch_size": 1000, "batch_timeout": 1.0}})
-    config.write_text(config.read_text() + spark_section(out, master="local[1]",
-                                                         commit_rows=2000, commit_interval=0.5))
-    sock = short_tmp / "run" / "control.sock"
-    daemon = start_daemon(config, "--until-idle")
+    # slow enough (~2 s per 1,000 lines over 2 processors) that the source lasts well
+    # beyond the first commits: the kill lands mid-run, not in the drain (the next test)
+    config = own_spark_config(short_tmp, n, context={"slow": 0.004}, shutdown_timeout=60.0,
+                              batchers={"even": {"batch_size": 1000, "batch_timeout": 1.0},
+                                        "odd": {"batch_size": 1000, "batch_timeout": 1.0}})
+    out, sock = short_tmp / "dataset", short_tmp / "run" / "control.sock"
+    daemon, log = start_logged(config, short_tmp)
     try:
-        wait_until(lambda: len(rows(out, "even")) + len(rows(out, "odd")) >= 2000, timeout=400,
-                   message="the first batches written")
-        wait_until(lambda: committing(sock, "committer_even") or committing(sock, "committer_odd"),
-                   timeout=120, interval=0.2, message="a committer in a Spark job")
-        wrapper = stage_pids(sock)["spark"]
-        jvm = next(p for p in psutil.Process(wrapper).children() if "java" in p.name())
-        jvm.kill()
+        st = wait_until(lambda: committing_now(sock, draining=False), timeout=400,
+                        interval=0.2, message="a committer in a Spark job, mid-run")
+        kill_the_jvm(st)
         code = daemon.wait(600)
     finally:
         if daemon.poll() is None:
             daemon.kill()
-    err = daemon.stderr.read()
+            daemon.wait()
+    err = log.read_text()
     assert code == 0, err[-3000:]
-    assert "spark" in err and "restart" in err.lower()
+    assert re.search(r"PipelineSupervisor \(rest_for_one\): .*; restarting spark, ", err), \
+        err[-3000:]
     try:
         dups = assert_each_message_once_or_duplicated_whole(
             rows(out, "even") + rows(out, "odd"), n)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{err[-5000:]}") from None
     print(f"duplicates after killing the Spark JVM mid-commit: {dups}")
-    assert not list((short_tmp / "spool").glob("*.jsonl"))
+    assert not list((short_tmp / "spool").glob("*.jsonl")), "lines left unacked"
+
+
+def test_sigkill_of_the_spark_server_during_the_drain_runs_again_and_loses_nothing(
+        short_tmp: Path) -> None:
+    """Regression: the source exhausted, ``--until-idle`` drains, and the Spark JVM is
+    SIGKILLed during a commit of the drain.  The server's restart (a JVM start, 15-60 s
+    here) outlasts ``shutdown_timeout`` and restarts every producer, whose sources take
+    back what was in flight: the daemon used to finish that drain and exit 0 with those
+    lines unacked.  Now the restart ends the drain and the pipeline runs until idle
+    again: exit 0 only with every line written."""
+    n = 6000
+    # slow batches (0.5 s in handle_batch, 2 batch processors per key): what is in flight
+    # when the source is exhausted takes seconds to drain, with commits all along
+    config = own_spark_config(
+        short_tmp, n, context={"batch_slow": 0.5}, shutdown_timeout=10.0,
+        batchers={key: {"batch_size": 200, "batch_timeout": 0.5, "concurrency": 2}
+                  for key in ("even", "odd")})
+    config.write_text(config.read_text().replace("tests.e2e.handlers:Recorder",
+                                                 "tests.e2e.handlers:Contract"))
+    out, sock = short_tmp / "dataset", short_tmp / "run" / "control.sock"
+    daemon, log = start_logged(config, short_tmp)
+    try:
+        st = wait_until(lambda: committing_now(sock, draining=True), timeout=400,
+                        interval=0.1, message="a committer in a Spark job during the drain")
+        kill_the_jvm(st)
+        code = daemon.wait(600)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+    err = log.read_text()
+    assert code == 0, err[-3000:]
+    assert "running again until idle" in err, err[-3000:]
+    try:
+        dups = assert_each_message_once_or_duplicated_whole(
+            rows(out, "even") + rows(out, "odd"), n)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{err[-5000:]}") from None
+    print(f"duplicates after killing the Spark JVM in the drain: {dups}")
+    assert not list((short_tmp / "spool").glob("*.jsonl")), "lines left unacked"
 
 
 def test_sigkill_of_a_batch_processor_during_a_commit_loses_nothing(short_tmp: Path,
