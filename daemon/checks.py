@@ -168,21 +168,18 @@ def _check_spool_not_in_its_state(config: Config) -> None:
 
 def check_handler(config: Config) -> None:
     """Import ``pipeline.handler`` the way a stage will, so ``check`` catches a typo."""
-    import importlib
+    from offbroadway.stages.handler import resolve
 
     ref = config.pipeline.handler
-    module_name, _, attr = ref.partition(":")
     try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
+        obj: Any = resolve(ref)
     except Exception as exc:
         raise ConfigError(f"pipeline.handler: cannot load {ref!r}: "
                           f"{type(exc).__name__}: {exc}") from None
     if not callable(getattr(obj, "handle_message", None)):
         raise ConfigError(f"pipeline.handler: {ref!r} has no handle_message")
     if isinstance(obj, type):
-        # every stage makes one (offbroadway.stages.stage.load_handler): an __init__ that
+        # every stage makes one (offbroadway.stages.handler.load_handler): an __init__ that
         # raises would crash them all in a restart loop
         try:
             obj()

@@ -16,6 +16,8 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
+from offbroadway.stages.spec import PROCESSOR_KEY
+
 from .config_table import ConfigError, parse_size
 from .config_table import Table as _Table
 from .config_table import non_negative as _non_negative
@@ -24,7 +26,6 @@ from .config_table import optional_duration as _optional_duration
 from .config_table import positive as _positive
 from .config_table import size_option as _size
 
-PROCESSOR_KEY = "default"
 #: Unix socket paths are limited to 107 bytes (sun_path is 108 with its NUL); every stage
 #: binds ``<runtime.dir>/<stage id>.sock``, so the runtime dir and the batcher keys (in the
 #: batch processors' ids) must leave room for the longest one (see :func:`socket_paths`).

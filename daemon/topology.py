@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from offbroadway.daemon.config import BatcherConfig, Config, batch_demand
-from offbroadway.stages.spec import STAGE_ENV, StageSpec
+from offbroadway.stages.spec import PROCESSOR_KEY, STAGE_ENV, StageSpec
 from offbroadway.supervision.child import GUARD_SIGNAL
 from offbroadway.supervision.spec import (
     INFINITY,
@@ -49,7 +49,6 @@ from offbroadway.supervision.spec import (
 WORKER_ARGV = (sys.executable, "-m", "offbroadway.stages.worker")
 SPARK_ARGV = (sys.executable, "-m", "offbroadway.stages.spark_server")
 SPARK_TOKEN_ENV = "OFFBROADWAY_SPARK_TOKEN"
-PROCESSOR_KEY = "default"
 AMQP_MAX_PREFETCH = 65535   # basic.qos prefetch_count is a 16-bit field
 #: sources whose window of unsettled messages is sized by :func:`auto_prefetch`
 PREFETCH_SOURCES = ("rabbitmq", "nats")

@@ -28,13 +28,19 @@ from offbroadway import BatchInfo, Message
 from . import callbacks, commands, protocol
 from .acker import Acker
 from .consumer import Subscriptions
+from .handler import load_handler
 from .spec import StageSpec
-from .stage import Stage, load_handler
+from .stage import Stage
 
 log = logging.getLogger("offbroadway.batch_processor")
 
 
 class BatchProcessorStage(Stage):
+    #: A batch frame is a whole ``handle_batch`` (and, with Spark, an Arrow conversion):
+    #: a burst of 100 would keep the loop from the committer's answers, the acks and the
+    #: heartbeat for 100 user calls.  10 batches are still hundreds of messages per wake-up.
+    UPSTREAM_BURST = 10
+
     def __init__(self, spec: StageSpec) -> None:
         super().__init__(spec)
         self.handler = load_handler(spec.handler)
@@ -68,13 +74,7 @@ class BatchProcessorStage(Stage):
 
     def _on_upstream(self, sock: zmq.Socket) -> None:
         up = self.subs.by_sock[sock]
-        for _ in range(10):
-            if not sock.get(protocol.ZMQ_EVENTS) & protocol.ZMQ_POLLIN:
-                break
-            frame = sock.recv(zmq.NOBLOCK)
-            msg = self.decode(frame, up.stage_id)
-            if msg is None:
-                continue
+        for msg in self.frames(sock, up.stage_id):
             if msg[protocol.KIND_AT] == protocol.BATCH:
                 self._handle(up, msg[protocol.BATCH_KEY], msg[protocol.BATCH_TRIGGER],
                              msg[protocol.BATCH_PACKED])

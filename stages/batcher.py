@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-import zlib
 from typing import Any
 
 import zmq
@@ -19,10 +18,11 @@ import zmq
 from . import commands, protocol
 from .batching import BatchAccumulator
 from .consumer import Subscriptions
-from .dispatch import Dispatcher, PartitionDispatcher, SpreadDispatcher
+from .dispatch import Dispatcher, PartitionDispatcher, SpreadDispatcher, stable_hash
 from .downstream import Downstream
+from .handler import load_handler
 from .spec import StageSpec
-from .stage import Stage, load_handler
+from .stage import Stage
 
 log = logging.getLogger("offbroadway.batcher")
 
@@ -40,8 +40,7 @@ class BatcherStage(Stage):
             route = getattr(load_handler(spec.handler), spec.partition_by)
 
             def partition_of(raw: bytes) -> int:
-                key = route(protocol.raw_to_message(raw))
-                return key % n if isinstance(key, int) else zlib.crc32(repr(key).encode()) % n
+                return stable_hash(route(protocol.raw_to_message(raw))) % n
 
             self.partition_of = partition_of
             self.dispatcher: Dispatcher = PartitionDispatcher(range(n), lambda b: b[3])
@@ -74,13 +73,7 @@ class BatcherStage(Stage):
     def _on_upstream(self, sock: zmq.Socket) -> None:
         up = self.subs.by_sock[sock]
         now = time.monotonic()
-        for _ in range(100):
-            if not sock.get(protocol.ZMQ_EVENTS) & protocol.ZMQ_POLLIN:
-                break
-            frame = sock.recv(zmq.NOBLOCK)
-            msg = self.decode(frame, up.stage_id)
-            if msg is None:
-                continue
+        for msg in self.frames(sock, up.stage_id):
             if msg[protocol.KIND_AT] == protocol.EVENTS:
                 # moved on without being unpacked: cut into their packed bytes, regrouped
                 try:
@@ -181,9 +174,5 @@ def _fit(batch: tuple) -> list[tuple]:
     always allowed (``batch_size`` is a maximum); one message over the limit goes alone.
     Encoded here, once, rather than in the send: the size is only known encoded."""
     key, trigger, events, partition = batch
-    frame = protocol.batch(key, trigger, events)
-    if len(frame) <= protocol.MAX_FRAME_BYTES or len(events) <= 1:
-        return [(key, trigger, events, partition, frame)]
-    half = len(events) // 2
-    return (_fit((key, trigger, events[:half], partition))
-            + _fit((key, trigger, events[half:], partition)))
+    return [(key, trigger, part, partition, frame) for frame, part in
+            protocol.frames_within_limit(events, lambda e: protocol.batch(key, trigger, e))]

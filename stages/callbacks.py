@@ -16,7 +16,8 @@ from typing import Any, Protocol
 
 from offbroadway import BatchInfo, Message, Pipeline
 
-PROCESSOR_KEY = "default"
+from .spec import PROCESSOR_KEY
+
 #: what a callback can raise that fails its messages: any Exception, and SystemExit
 CALLBACK_ERRORS = (Exception, SystemExit)
 #: the base class's pass-through: it cannot kill a process, so no frame record before it

@@ -32,6 +32,7 @@ Three dispatchers:
 
 from __future__ import annotations
 
+import zlib
 from bisect import insort
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from math import lcm
@@ -63,6 +64,15 @@ class Dispatcher(Protocol):
 
     @property
     def demand(self) -> int: ...
+
+
+def stable_hash(key: Any) -> int:
+    """A partition key's hash, the same in every process (``hash(str)`` is salted per
+    process): an int is itself, anything else the CRC-32 of its ``repr``.  Producers and
+    batchers route with it, so a key lands on the same partition whoever computes it."""
+    if isinstance(key, int):
+        return key
+    return zlib.crc32(repr(key).encode())
 
 
 def _check_max_demand(max_demand: int) -> None:

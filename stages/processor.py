@@ -26,8 +26,9 @@ from .acker import Acker
 from .consumer import Subscriptions, Upstream
 from .dispatch import PartitionDispatcher
 from .downstream import Downstream
+from .handler import load_handler
 from .spec import StageSpec
-from .stage import Stage, load_handler
+from .stage import Stage
 
 log = logging.getLogger("offbroadway.processor")
 
@@ -108,17 +109,10 @@ class ProcessorStage(Stage):
                 for up in ups:
                     self._read(up)
 
-    def _read(self, up: Upstream, limit: int = 100) -> None:
-        """Up to ``limit`` frames from ``up``: events to the inbox (the subscriptions are
-        told they arrived), anything else to the subscriptions."""
-        sock = up.sock
-        for _ in range(limit):
-            if not sock.get(protocol.ZMQ_EVENTS) & protocol.ZMQ_POLLIN:
-                break
-            frame = sock.recv(zmq.NOBLOCK)
-            msg = self.decode(frame, up.stage_id)
-            if msg is None:
-                continue
+    def _read(self, up: Upstream) -> None:
+        """A burst of frames from ``up``: events to the inbox (the subscriptions are told
+        they arrived), anything else to the subscriptions."""
+        for msg in self.frames(up.sock, up.stage_id):
             if msg[protocol.KIND_AT] == protocol.EVENTS:
                 events = self.open_events(msg[protocol.EVENTS_PACKED], up.stage_id)
                 if events is not None:

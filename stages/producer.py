@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import time
-import zlib
 from typing import Any
 
 from . import commands, protocol
@@ -31,13 +30,15 @@ from .dispatch import (
     GenStageDemandDispatcher,
     PartitionDispatcher,
     SpreadDispatcher,
+    stable_hash,
 )
 from .downstream import Downstream
+from .handler import load_handler
 from .inflight import InFlightTable
 from .ratelimit import SharedRateLimit
 from .sources import get_source
 from .spec import StageSpec
-from .stage import Stage, load_handler
+from .stage import Stage
 from .strikes import DEFAULT_CAP, StrikeTable
 
 log = logging.getLogger("offbroadway.producer")
@@ -58,7 +59,7 @@ class ProducerStage(Stage):
             def key(event: list) -> int:
                 status = self._failed.get(protocol.event_token(event))
                 msg = protocol.event_to_message(event, status)
-                return _stable_hash(route(msg)) % n
+                return stable_hash(route(msg)) % n
 
             self.dispatcher: Dispatcher = PartitionDispatcher(range(n), key)
         elif spec.dispatcher == "demand":
@@ -458,9 +459,3 @@ class ProducerStage(Stage):
         self._hold = False
         self.pump()
 
-
-def _stable_hash(key: Any) -> int:
-    """A hash that is the same in every process (``hash(str)`` is salted per process)."""
-    if isinstance(key, int):
-        return key
-    return zlib.crc32(repr(key).encode())

@@ -13,6 +13,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 STAGE_ENV = "OFFBROADWAY_STAGE"
+#: the one processor key (``[processors.default]``; Broadway allows only ``:default``): in
+#: the config, the processors' stage ids and the ``processor`` argument of handle_message
+PROCESSOR_KEY = "default"
 
 
 @dataclass(frozen=True)
