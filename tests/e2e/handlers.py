@@ -1,5 +1,7 @@
 """Handlers for the end-to-end tests: they record what reached each callback in files
-(fsync'd before returning, so a record exists iff the callback completed)."""
+(fsync'd before returning, so a record exists iff the callback completed).  A batch record
+carries the message's ``origin`` and ``token`` too: which producer incarnation delivered it
+(a producer's tokens start at its start time in nanoseconds)."""
 
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ class Recorder(Pipeline):
         _append(os.path.join(context["out"], f"batch-{os.getpid()}.jsonl"), [{
             "id": m.id, "batcher": batcher, "batch_key": batch_info.batch_key,
             "size": batch_info.size, "trigger": batch_info.trigger, "msg_batcher": m.batcher,
-            "msg_key": m.batch_key} for m in messages])
+            "msg_key": m.batch_key, "origin": m.origin, "token": m.token} for m in messages])
         return messages
 
     def handle_failed(self, messages: list[Message], context):
