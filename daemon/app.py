@@ -45,6 +45,7 @@ from offbroadway.supervision import (
 from . import control, metrics, runlock, stopbudget
 from . import reactions as reactions_mod
 from . import reload as reload_mod
+from . import resize as resize_mod
 from . import topology as topo_mod
 from .config import Config
 from .hub import Hub
@@ -108,6 +109,11 @@ class Daemon:
         #: "waiting for its source", once
         self._announced_up = False
         self._said_waiting = False
+        #: one resize at a time; the stages a resize removes, and those that said ``left``
+        self._resize_lock = asyncio.Lock()
+        self._leaving: set[str] = set()
+        self._left: set[str] = set()
+        self._background: set[asyncio.Future] = set()
 
     # -- wiring -----------------------------------------------------------------------------
     def _build(self) -> None:
@@ -120,7 +126,8 @@ class Daemon:
                          log_env=self._stage_env("spark"))
             kwargs.update(spark_child=spark.child, batch_processor_env=spark.batch_processor_env,
                           spark_settings=spark.settings)
-        self.topology = topo_mod.build(self.config, stage_env=self._stage_env, **kwargs)
+        self._build_kwargs = kwargs
+        self.topology = self._topology_of(self.config)
         self._spark_settings = kwargs.get("spark_settings")
         #: stage id -> its StageSpec payload after a reload (restarts use the new values)
         self._payloads: dict[str, str] = {}
@@ -129,6 +136,10 @@ class Daemon:
         self.reactions = reactions_mod.Reactions(
             self.topology, self.config.processors[topo_mod.PROCESSOR_KEY].max_crashes)
         self.terminator = Terminator(self.topology)
+
+    def _topology_of(self, config: Any) -> topo_mod.Topology:
+        """The tree of ``config``, wired as this daemon's (the one Spark server)."""
+        return topo_mod.build(config, stage_env=self._stage_env, **self._build_kwargs)
 
     def _stage_env(self, stage_id: str) -> dict[str, str]:
         env = {logs.LEVEL_ENV: self.config.runtime.log_level,
@@ -139,7 +150,7 @@ class Daemon:
         return env
 
     # -- reload -------------------------------------------------------------------------------
-    def reload(self, why: str = "reload") -> dict:
+    async def reload(self, why: str = "reload") -> dict:
         """Re-read the config file; apply what may change live, or refuse it all (one line
         naming the key) and leave the pipeline untouched (:mod:`.reload`)."""
         from .config import ConfigError, load_config
@@ -154,8 +165,14 @@ class Daemon:
             log.error("%s refused: cannot read %s: %s", why, self.config.path, exc)
             return {"ok": False, "error": f"reload refused: cannot read {self.config.path}: "
                                           f"{exc}"}
+        resizes = resize_mod.requests(self.config, new)
+        if resizes and (self._stop.is_set() or self.terminator.draining):
+            log.error("%s refused: the pipeline is stopping", why)
+            return {"ok": False, "error": "reload refused: the pipeline is stopping"}
         batchers: set[str] = set()
         for key, _old, value in changes.changes:
+            if key.endswith(".concurrency"):
+                continue              # a resize, below
             if key == "producer.rate_limit":
                 assert self.rate_limit is not None
                 self.rate_limit.set(value)
@@ -169,20 +186,135 @@ class Daemon:
         self._send([reactions_mod.Send(f"batcher_{key}", commands.Batching(
             new.batchers[key].batch_size, new.batchers[key].batch_timeout))
             for key in sorted(batchers)])
-        self.config = new
-        # stages restarted from now on start with the new values
-        fresh = topo_mod.build(new, spark_settings=self._spark_settings)
-        self._payloads = {w.id: w.env()[STAGE_ENV] for w in _workers(fresh.root)}
+        if resizes:
+            # the new specs carry every reloaded value to the stages started from now on
+            done = await self.resize(new, why)
+            if not done["ok"]:
+                return {"ok": False, "error": f"reload: {done['error']}"}
+        else:
+            self.config = new
+            # stages restarted from now on start with the new values
+            fresh = topo_mod.build(new, spark_settings=self._spark_settings)
+            self._payloads = {w.id: w.env()[STAGE_ENV] for w in _workers(fresh.root)}
         log.info("%s: %s", why, changes.describe())
         return {"ok": True, "applied": changes.describe()}
 
     def _on_sighup(self) -> None:
-        self.reload("SIGHUP reload")
+        task = asyncio.ensure_future(self.reload("SIGHUP reload"))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- resize -------------------------------------------------------------------------------
+    async def scale(self, words: object) -> dict:
+        """``offbroadway scale processors N`` / ``batch_processors KEY N``."""
+        try:
+            if not isinstance(words, list):
+                raise resize_mod.ResizeRefused(f"usage: {resize_mod.USAGE}")
+            new = resize_mod.resized(self.config, resize_mod.parse(words))
+        except resize_mod.ResizeRefused as exc:
+            return {"ok": False, "error": f"scale refused: {exc}"}
+        return await self.resize(new, "offbroadway scale")
+
+    async def resize(self, new_config: Any, why: str) -> dict:
+        """Take the running pipeline to ``new_config``'s concurrencies (:mod:`.resize`):
+        the planner orders the steps, this carries them out."""
+        if self._stop.is_set() or self.terminator.draining:
+            return {"ok": False, "error": f"{why} refused: the pipeline is stopping"}
+        async with self._resize_lock:
+            old = self.topology
+            new = self._topology_of(new_config)
+            steps = resize_mod.plan(old, new)
+            if not steps:
+                return {"ok": True, "message": f"nothing to change: {resize_mod.shape(old)}"}
+            change = f"{resize_mod.shape(old)} -> {resize_mod.shape(new)}"
+            log.info("%s: %s", why, change)
+            try:
+                await self._carry_out(steps, new_config, new)
+            except (SupervisionError, _Stopped) as exc:
+                log.error("%s: %s not completed: %s", why, change, exc)
+                return {"ok": False, "error": f"{why}: {change} not completed: {exc}"}
+            finally:
+                self._leaving.clear()
+                self._left.clear()
+                self._tree = self.root.snapshot()   # /metrics shows the new shape now
+            log.info("%s: done, %s", why, resize_mod.shape(new))
+            return {"ok": True, "message": change}
+
+    async def _carry_out(self, steps: list[resize_mod.Step], config: Any,
+                         topology: topo_mod.Topology) -> None:
+        for step in steps:
+            if self._stop.is_set():
+                raise _Stopped("the pipeline is stopping")
+            op = step.op
+            if op == resize_mod.CHANGE_SPEC:
+                self._payloads = {}   # the new specs carry what a reload changed
+                await self.root.change_spec(topology.root)
+            elif op == resize_mod.ADOPT:
+                self.config = config
+                self.reactions.adopt(topology)
+                self.terminator.adopt(topology)
+                self.topology = topology
+                self.stop_budget = stopbudget.total(config.pipeline.shutdown_timeout,
+                                                    topology.root)
+            elif op == resize_mod.START:
+                try:
+                    await self._supervisor(step.supervisor).restart_child(step.stage)
+                except SupervisionError as exc:
+                    if not str(exc).startswith(("running:", "restarting:")):
+                        raise
+                    # a crash's restart built the new shape meanwhile and started it
+            elif op == resize_mod.SUBSCRIBE:
+                # not connected: that batcher is restarting, with the new processor in its spec
+                self._send([reactions_mod.Send(step.stage, commands.Subscribe(step.peer))])
+            elif op == resize_mod.LEAVE:
+                self._leaving.add(step.stage)
+                self._send([reactions_mod.Send(step.stage, commands.Leave())])
+            elif op == resize_mod.AWAIT_LEFT:
+                await self._await_left(step.stages)
+            elif op == resize_mod.REMOVE:
+                sup = self._supervisor(step.supervisor)
+                if step.stage in [c.id for c in sup.children]:
+                    await sup.terminate_child(step.stage)
+                    await sup.delete_child(step.stage)
+            elif op == resize_mod.FORGET:
+                for stage in step.stages:
+                    self.stats.pop(stage, None)
+                self.reactions.forget(step.stages)
+
+    def _supervisor(self, sup_id: str) -> Supervisor:
+        node = self.root.find(sup_id)
+        if not isinstance(node, Supervisor):
+            raise SupervisionError(f"not_found: no supervisor {sup_id!r}")
+        return node
+
+    async def _await_left(self, stages: tuple[str, ...]) -> None:
+        """Until every leaving stage said ``left`` (or is gone: a crash's restart built
+        the new shape without it, and its messages were requeued).  One that has not
+        within ``shutdown_timeout`` is restarted out as a crash would be: the new shape,
+        and what it held requeued once (at-least-once), rather than a resize that hangs."""
+        def gone(stage: str) -> bool:
+            return stage in self._left or self.root.find(stage) is None
+
+        timeout = self.config.pipeline.shutdown_timeout
+        await self._wait_for(lambda: all(map(gone, stages)) or self._stop.is_set(),
+                             time.monotonic() + timeout)
+        if self._stop.is_set():
+            raise _Stopped("the pipeline is stopping")
+        late = [s for s in stages if not gone(s)]
+        if late:
+            node = self.root.find(late[0])
+            assert node is not None and node.parent is not None
+            target = self.reactions.operator_restart(node.parent.id)
+            log.warning("resize: %s did not finish leaving within %gs; restarting %s (what "
+                        "they hold goes back to the source)", ", ".join(late), timeout,
+                        target)
+            await self.root.restart_subtree_or_child(target)
 
     def on_report(self, stage_id: str, report: commands.Report) -> None:
         """A stage's report: its figures for status and the totals, and the terminator's
         inputs."""
-        if isinstance(report, (commands.Stats, commands.Done, commands.Settled)) and \
+        if isinstance(report, (commands.Stats, commands.Done, commands.Settled,
+                               commands.Left)) and \
                 "pid" in report.stats:
             self.stats[stage_id] = {**report.stats, "at": time.time()}
             self.totals.report(stage_id, report.stats)
@@ -198,6 +330,10 @@ class Daemon:
             self._progress.set()
         elif isinstance(report, commands.Hello):
             self._send(t.hello(stage_id))
+        elif isinstance(report, commands.Left) and stage_id in self._leaving:
+            self._left.add(stage_id)
+            self.reactions.left(stage_id)
+            self._progress.set()
 
     def on_event(self, event: object) -> None:
         """Supervision events: the pure reactions (:mod:`.reactions`) decide, this sends."""
@@ -529,7 +665,10 @@ class Daemon:
         if self.config.spark is not None:
             spark = self.config.spark
             for key in self.config.batchers:
-                stages = [s for s in t.batch_processors if s.startswith(f"batch_processor_{key}_")]
+                # those a resize removed too: what they wrote counts
+                prefix = f"batch_processor_{key}_"
+                stages = [s for s in self.totals.stages()
+                          if s.startswith(prefix) and s[len(prefix):].isdigit()]
                 rows = self.totals.sum(stages, "out")
                 print(f"{name}: wrote {rows} rows to {spark['output']}/{key} ({spark['format']})",
                       flush=True)
@@ -577,6 +716,9 @@ class Daemon:
             if child_id == "terminator":
                 return {"ok": False,
                         "error": "terminator runs inside the daemon; nothing to restart"}
+            if child_id in self._leaving:
+                return {"ok": False, "error": f"{child_id} is leaving the pipeline (a resize "
+                        f"removes it); nothing to restart"}
             # the same cascade as a crash of child_id (a processor's restart goes through
             # ProcessorSupervisor, so the batchers restart too), with one requeue
             try:
@@ -598,9 +740,11 @@ class Daemon:
                         for b in self.topology.batchers])
             return {"ok": True, "message": "draining: nothing new is fetched until resume"}
         if cmd == "reload":
-            return self.reload("offbroadway reload")
+            return await self.reload("offbroadway reload")
         if cmd == "rate_limit":
             return self._rate_limit_command(req)
+        if cmd == "scale":
+            return await self.scale(req.get("args"))
         if cmd == "resume":
             if not self.paused:
                 return {"ok": True, "message": "nothing to resume: the pipeline was not "
@@ -657,6 +801,10 @@ class Daemon:
                 node["rss_bytes"], node["cpu_seconds"] = usage
         for child in node.get("children", []):
             self._decorate(child)
+
+
+class _Stopped(Exception):
+    """A stop began in the middle of a resize: the tree stops as it is."""
 
 
 def _walk(node: dict):

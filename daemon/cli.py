@@ -84,9 +84,9 @@ def _socket(args: argparse.Namespace) -> str:
     return os.path.join(os.path.abspath("var/run"), control.CONTROL_SOCKET)
 
 
-def _call(args: argparse.Namespace, payload: dict) -> dict[str, Any]:
+def _call(args: argparse.Namespace, payload: dict, timeout: float = 30.0) -> dict[str, Any]:
     try:
-        reply = control.request(_socket(args), payload)
+        reply = control.request(_socket(args), payload, timeout)
     except control.ControlError as exc:
         _fail(str(exc))
     if not reply.get("ok"):
@@ -288,6 +288,25 @@ def cmd_rate_limit(args: argparse.Namespace) -> int:
     return 0
 
 
+#: seconds ``scale`` waits for the daemon: a shrink waits for what the removed stages hold
+#: (bounded by the daemon's shutdown_timeout, then they are restarted out)
+SCALE_TIMEOUT = 3600.0
+
+
+def cmd_scale(args: argparse.Namespace) -> int:
+    """Resize the running pipeline; waits until the new shape runs (what a shrink removes
+    has finished what it held)."""
+    from .resize import ResizeRefused, parse
+
+    try:
+        parse(args.words)          # a typo is refused here, before the daemon is asked
+    except ResizeRefused as exc:
+        _fail(f"scale refused: {exc}", EXIT_CONFIG)
+    reply = _call(args, {"cmd": "scale", "args": list(args.words)}, SCALE_TIMEOUT)
+    print(f"scale: {reply.get('message', 'ok')}")
+    return 0
+
+
 def describe_rate_limit(r: dict | None) -> str:
     if not r or r.get("allowed_messages") is None:
         return f"off (throttled {r.get('throttled', 0) if r else 0} times)"
@@ -355,6 +374,16 @@ def build_parser() -> argparse.ArgumentParser:
                       help="e.g. 500/1 for 500 messages a second; off removes the limit")
     target(rate)
     rate.set_defaults(fn=cmd_rate_limit)
+    scale = sub.add_parser(
+        "scale", help="resize a running pipeline: scale processors N | scale "
+        "batch_processors KEY N",
+        description="Grow or shrink the running pipeline's processors, or one batcher's "
+        "batch processors. What a shrink removes finishes what it holds first; nothing "
+        "is lost or handled twice. Waits until the new shape runs.")
+    scale.add_argument("words", nargs="*", metavar="processors N | batch_processors KEY N",
+                       help="what to resize and the new count")
+    target(scale)
+    scale.set_defaults(fn=cmd_scale)
     for verb, text in (("drain", "stop fetching, finish what is in flight, stay up"),
                        ("resume", "fetch again after a drain")):
         p = sub.add_parser(verb, help=text)

@@ -352,7 +352,7 @@ def validate(raw: dict, path: str = "") -> Loaded:
         raise ConfigError("spark: a [spark] sink needs at least one [batchers.<key>] section "
                           "(Spark writes batches)")
     config = Config(pipeline, producer, processors, batchers, spark, metrics, runtime, path)
-    _check_socket_paths(config)
+    check_socket_paths(config)
     return Loaded(config, warnings(config))
 
 
@@ -397,7 +397,8 @@ def socket_paths(config: Config) -> dict[str, str]:
     return out
 
 
-def _check_socket_paths(config: Config) -> None:
+def check_socket_paths(config: Config) -> None:
+    """Refuse a config whose unix socket paths would be too long (validation; a resize)."""
     too_long = [(len(os.fsencode(p)), p, key) for p, key in socket_paths(config).items()
                 if len(os.fsencode(p)) > MAX_SOCKET_PATH]
     if not too_long:

@@ -26,6 +26,11 @@ takes what it held with it, so the producers hand everything in flight back to t
   record); the requeue carries it to the producer that emitted it
   (:class:`~offbroadway.stages.commands.CrashBlame`), and ``hold_suspects`` keeps suspects
   back until every processor is up again (``release_suspects``).
+* **A resize is no crash.**  The new topology is taken at once (:meth:`Reactions.adopt`);
+  a stage the resize removes drains itself first and says ``left``
+  (:meth:`Reactions.left`): its exit after that is a planned stop and loses nothing.  One
+  that dies before it has left is lost like any other, and until it is gone it is still
+  announced a restarted upstream (so it stops waiting for that upstream's answer).
 * **Resubscribe only to live stages**: a restarted stage is announced to its consumers
   (``StageSpec.upstream``) that are up; restarting ones subscribe on their own when they
   start (in a processor cascade the batchers restart after the processors).
@@ -41,6 +46,7 @@ from dataclasses import dataclass
 
 from offbroadway.stages import commands
 from offbroadway.stages.blame import Blame
+from offbroadway.stages.spec import StageSpec
 from offbroadway.supervision import ChildExited, ChildStarted, Restarting
 from offbroadway.supervision.spec import ChildSpec, SupervisorSpec, WorkerSpec
 from offbroadway.supervision.strategy import affected
@@ -139,6 +145,35 @@ class Reactions:
         self.blamed = {c for p in topology.sources for c in topology.consumers(p)}
         #: those of a crash cascade not up again yet: producers hold suspects until then
         self.awaiting: set[str] = set()
+        #: stages a resize is removing (not in :attr:`topology` any more), with their spec
+        self.leaving: dict[str, StageSpec] = {}
+        #: those of them that finished leaving: their exit loses nothing
+        self.departed: set[str] = set()
+
+    # -- resizes ----------------------------------------------------------------------------
+    def adopt(self, topology: Topology) -> None:
+        """A resize's new topology, from now on; the stages only the old one has are
+        leaving until :meth:`forget`."""
+        old = self.topology
+        for stage in set(old.specs) - set(topology.specs):
+            self.leaving[stage] = old.specs[stage]
+        self.blamed = ({c for p in topology.sources for c in topology.consumers(p)}
+                       | (self.blamed & set(self.leaving)))
+        self.topology = topology
+        self.tree = Tree(topology.root)
+
+    def left(self, child_id: str) -> None:
+        """``child_id`` finished leaving (it holds nothing): its coming exit is planned."""
+        if child_id in self.leaving:
+            self.departed.add(child_id)
+
+    def forget(self, stages: Iterable[str]) -> None:
+        """Stages a resize removed are gone."""
+        for stage in stages:
+            self.leaving.pop(stage, None)
+            self.departed.discard(stage)
+            self.alive.discard(stage)
+            self.blamed.discard(stage)
 
     def on_event(self, event: object, record: Blame | None = None) -> list[Send]:
         """The commands a supervision event calls for.  ``record``: the blame record of a
@@ -158,7 +193,10 @@ class Reactions:
         Nothing is sent yet: a restart (:meth:`restarting`) or nothing (a planned stop)
         follows."""
         self.alive.discard(child_id)
-        if self.topology.is_downstream(child_id) and child_id not in self.lost:
+        if child_id in self.departed:
+            return []     # left the pipeline (a resize) holding nothing: a planned stop
+        downstream = self.topology.is_downstream(child_id) or child_id in self.leaving
+        if downstream and child_id not in self.lost:
             self.lost.append(child_id)
         if not expected and child_id in self.blamed:
             self._add_blame(child_id, reason, record)
@@ -206,6 +244,9 @@ class Reactions:
         self.alive.add(child_id)
         out = [Send(c, commands.Resubscribe(child_id))
                for c in self.topology.consumers(child_id) if c in self.alive]
+        # a leaving stage waits for its upstreams' answers: a restarted one has none
+        out += [Send(c, commands.Resubscribe(child_id)) for c, spec in self.leaving.items()
+                if child_id in spec.upstream and c in self.alive]
         if child_id in self.awaiting:
             self.awaiting.discard(child_id)
             if not self.awaiting:

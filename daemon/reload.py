@@ -8,9 +8,11 @@ naming the first key that differs, and the running pipeline is left exactly as i
 Live keys, and why only these: each is read by one stage at a time and can change between
 two messages without breaking a promise: the rate limit (the shared bucket), the log level
 (every process), and a batcher's ``batch_size`` and ``batch_timeout`` (the next batch
-uses them).  Concurrency would need resizing the tree, which offbroadway does not do at
-runtime yet; the handler, the source and its options, the sink and the directories change
-what a message means or where it goes, so they need a restart.
+uses them).  The processors' and batch processors' ``concurrency`` resize the running
+tree the way ``offbroadway scale`` does (:mod:`.resize`: what leaves drains first),
+unless ``partition_by`` ties a stage's index to a partition.  The handler, the source and
+its options, the sink and the directories change what a message means or where it goes,
+so they need a restart.
 """
 
 from __future__ import annotations
@@ -19,14 +21,16 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import resize
 from .config import PROCESSOR_KEY, Config
 
 #: the keys a reload applies (``<key>`` is any batcher)
 LIVE_KEYS = ("producer.rate_limit", "runtime.log_level", "batchers.<key>.batch_size",
-             "batchers.<key>.batch_timeout")
+             "batchers.<key>.batch_timeout", f"processors.{PROCESSOR_KEY}.concurrency",
+             "batchers.<key>.concurrency")
 _WHY = {
-    "concurrency": "changing concurrency needs a restart (resizing a running pipeline is "
-                   "not supported yet)",
+    "concurrency": "the producers' number cannot change while the pipeline runs (each "
+                   "owns a share of the source; restart the daemon to apply it)",
 }
 
 
@@ -74,7 +78,7 @@ def plan(old: Config, new: Config) -> Plan:
         ("pipeline", old.pipeline, new.pipeline, ()),
         ("producer", old.producer, new.producer, ("rate_limit",)),
         (f"processors.{PROCESSOR_KEY}", old.processors[PROCESSOR_KEY],
-         new.processors[PROCESSOR_KEY], ()),
+         new.processors[PROCESSOR_KEY], ("concurrency",)),
         ("metrics", old.metrics, new.metrics, ()),
         ("runtime", old.runtime, new.runtime, ("log_level",)),
     ]
@@ -85,13 +89,19 @@ def plan(old: Config, new: Config) -> Plan:
                       "present" if key in new.batchers else "absent")
     for key in old.batchers:
         sections.append((f"batchers.{key}", old.batchers[key], new.batchers[key],
-                         ("batch_size", "batch_timeout")))
+                         ("batch_size", "batch_timeout", "concurrency")))
     for where, a, b, live in sections:
         fa, fb = _fields(a), _fields(b)
         for name, value in fa.items():
             if fb[name] == value:
                 continue
             if name in live:
+                if name == "concurrency":
+                    try:
+                        resize.refusal(old, f"{where}.{name}")
+                    except resize.ResizeRefused as exc:
+                        raise ReloadRefused(f"{exc} (running {value!r}, config "
+                                            f"{fb[name]!r}); nothing was changed") from None
                 out.changes.append((f"{where}.{name}", value, fb[name]))
             elif name == "upstream_demand" and _derived_demand(a) and _derived_demand(b):
                 continue     # follows batch_size by default; the running value stays

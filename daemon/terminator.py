@@ -60,16 +60,28 @@ WAITING = (Phase.FINISHING, Phase.SETTLING)
 
 class Terminator:
     def __init__(self, topology: Topology) -> None:
-        self.topology = topology
-        self.sources = list(topology.sources)
-        self.finishers = list(topology.finishers)
-        self._no_resubscribe = {c for p in self.sources for c in topology.consumers(p)}
         self.phase = Phase.RUNNING
         self.idle: dict[str, bool] = {}
         self.done: set[str] = set()
         self.settled: set[str] = set()
         #: stages told to drain that have not exited since (a run again restarts them)
         self.drained: set[str] = set()
+        self.adopt(topology)
+
+    def adopt(self, topology: Topology) -> None:
+        """The pipeline's shape (at start, and after a resize): whom the drain tells what
+        and waits for.  What stages no longer in it reported is forgotten, so a stage
+        that a later resize adds again under the same id is waited for afresh."""
+        self.topology = topology
+        self.sources = list(topology.sources)
+        self.finishers = list(topology.finishers)
+        self._no_resubscribe = {c for p in self.sources for c in topology.consumers(p)}
+        live = set(topology.specs)
+        self.done &= live
+        self.settled &= live
+        self.drained &= live
+        self.idle = {s: v for s, v in self.idle.items() if s in live}
+        self._advance()
 
     # -- before the drain -----------------------------------------------------------------
     def idle_report(self, stage_id: str, idle: bool) -> bool:

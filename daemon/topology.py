@@ -70,6 +70,8 @@ class Topology:
     batchers: list[str] = field(default_factory=list)
     batch_processors: list[str] = field(default_factory=list)
     committers: list[str] = field(default_factory=list)
+    #: batcher key -> its batch processors, in index order
+    by_batcher: dict[str, list[str]] = field(default_factory=dict)
     spark: str | None = None
     roles: dict[str, str] = field(default_factory=dict)
     #: every stage's spec, in start order
@@ -206,6 +208,7 @@ def build(config: Config, *, stage_env: Callable[[str], dict[str, str]] | None =
         topo.batchers.append(bid)
         bp_ids = [f"batch_processor_{key}_{i}" for i in range(b.concurrency)]
         topo.batch_processors.extend(bp_ids)
+        topo.by_batcher[key] = bp_ids
         committer = None
         bp_spark = None
         cid = ""

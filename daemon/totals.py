@@ -29,3 +29,7 @@ class StageTotals:
 
     def sum(self, stages: list[str], key: str) -> int:
         return sum(self.total(s, key) for s in stages)
+
+    def stages(self) -> list[str]:
+        """Every stage that reported, including those a resize removed since."""
+        return list(self._last)

@@ -5,7 +5,8 @@ its batch is written (or, with no Spark sink, after ``handle_batch`` returned it
 the point where "nothing lost" is decided.  A message that ``handle_batch`` leaves out of
 its result is failed ("not returned by handle_batch"), never dropped silently.  When the
 batcher cancels (the drain), the stage reports ``done`` to the daemon once every batch it
-holds is finished.
+holds is finished; when a resize removes it, it cancels its subscription itself and
+reports ``left`` the same way.
 
 With Spark, a batch's rows become one Arrow table here (:mod:`.spark_rows`: a message
 that does not fit the schema fails alone, now) and go to the batcher's committer
@@ -48,6 +49,7 @@ class BatchProcessorStage(Stage):
         self.subs = Subscriptions(spec.max_demand, spec.min_demand, counters=self.counters)
         self.spark = _SparkHandoff(self) if spec.spark is not None else None
         self.counters.update(batches=0)
+        self.accept(commands.Leave, self._on_leave)
         #: handled messages whose ACK goes out at the end of this wake-up
         self._ok: list = []
 
@@ -86,7 +88,20 @@ class BatchProcessorStage(Stage):
 
     def _maybe_done(self) -> None:
         if self.subs.all_done and (self.spark is None or not self.spark.holding):
-            self.report(commands.Done(self.stats()))   # final counts: the last tick may be older
+            # final counts: the last tick may be older
+            self.report(commands.Left(self.stats()) if self.leaving else
+                        commands.Done(self.stats()))
+
+    def _on_leave(self, _: commands.Leave) -> None:
+        """A resize removes this batch processor: cancel the subscription to the batcher
+        (it answers after the batches already sent), finish those (with Spark: until
+        committed), ack, then report ``left``; the daemon stops us as a planned stop."""
+        if self.leaving:
+            return
+        log.info("%s: leaving the pipeline (resize): finishing the batches it holds", self.id)
+        self.leaving = True
+        self.subs.leave()
+        self._maybe_done()
 
     def _ack(self) -> None:
         if self._ok:

@@ -56,6 +56,7 @@ class BatcherStage(Stage):
         self.accept(commands.Resubscribe, self._on_resubscribe)
         self.accept(commands.Flush, self._on_flush)
         self.accept(commands.Batching, self._on_batching)
+        self.accept(commands.Subscribe, self._on_subscribe)
 
     def setup(self) -> None:
         self.downstream = Downstream(self, self.dispatcher, on_change=self._on_demand)
@@ -96,6 +97,13 @@ class BatcherStage(Stage):
                 self.subs.consumed(up, len(raw))
             elif msg[protocol.KIND_AT] == protocol.CANCEL:
                 self.subs.cancelled(up, msg[protocol.VALUE])
+                if msg[protocol.VALUE] == "leaving":
+                    # a processor a resize removed: everything it sent came before this
+                    self.subs.remove(up)
+                    self.unregister(sock)
+                    log.info("%s: %s left; %d processors", self.id, up.stage_id,
+                             len(self.subs.upstreams))
+                    break
         if self.subs.all_done and not self.finished:
             self._emit(self.acc.flush())
         self._arm_timer()
@@ -161,6 +169,17 @@ class BatcherStage(Stage):
         """A processor restarted without us: it knows no subscription of ours, and we
         would wait for its events forever."""
         self.subs.resubscribe_to(command.upstream)
+
+    def _on_subscribe(self, command: commands.Subscribe) -> None:
+        """A resize added a processor: subscribe to it (once; a batcher started after the
+        resize has it in its spec already)."""
+        if self.subs.find(command.upstream) is not None or self.finished:
+            return
+        sock = self.dealer(command.upstream)
+        self.subs.add(command.upstream, sock, self.spec.batcher)
+        self.register(sock, self._on_upstream)
+        log.info("%s: %s joined; %d processors", self.id, command.upstream,
+                 len(self.subs.upstreams))
 
     def _on_flush(self, _: commands.Flush) -> None:
         """Operator drain: emit partial batches now instead of at their timeout."""

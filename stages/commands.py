@@ -29,12 +29,16 @@ Pause / Resume      producers           operator drain / resume
 Flush               batchers            operator drain: partial batches now
 Batching            batchers            reload: new batch_size / batch_timeout
 LogLevel            every stage         reload: new runtime.log_level
+Leave               processors, batch   a resize removes it: cancel its subscriptions,
+                    processors          finish what it holds, report Left
+Subscribe           batchers            a resize added a processor: subscribe to it
 ==================  ==================  ==============================================
 
 Reports (stage → daemon): :class:`Hello` (up, with its pid), :class:`Stats` (every tick),
 :class:`Idle` (a producer's source has nothing more, or again), :class:`Done` (a stage
 that finishes messages has finished everything: the drain's first wait), :class:`Settled`
-(a draining producer has nothing in flight: the drain's second wait).
+(a draining producer has nothing in flight: the drain's second wait), :class:`Left` (a
+stage a resize removes has finished and forwarded everything it held: it may be stopped).
 """
 
 from __future__ import annotations
@@ -184,9 +188,20 @@ class LogLevel(Command):
             raise BadCommand(f"unknown log level {self.level!r}")
 
 
+@dataclass(frozen=True)
+class Leave(Command):
+    NAME: ClassVar[str] = "leave"
+
+
+@dataclass(frozen=True)
+class Subscribe(Command):
+    NAME: ClassVar[str] = "subscribe"
+    upstream: str
+
+
 COMMANDS: dict[str, type[Command]] = {c.NAME: c for c in (
     Shutdown, NoResubscribe, Resubscribe, Requeue, ReleaseSuspects, Pause, Resume, Flush,
-    Batching, LogLevel)}
+    Batching, LogLevel, Leave, Subscribe)}
 
 
 def parse_command(name: object, args: object) -> Command:
@@ -256,7 +271,17 @@ class Settled(Report):
     stats: dict = field(default_factory=dict)
 
 
-REPORTS: dict[str, type[Report]] = {r.NAME: r for r in (Hello, Stats, Idle, Done, Settled)}
+@dataclass(frozen=True)
+class Left(Report):
+    """A stage a resize removes cancelled its subscriptions, finished what it held and sent
+    it on: the daemon may stop it (a planned stop, nothing requeued).  Its final counters."""
+
+    NAME: ClassVar[str] = "left"
+    stats: dict = field(default_factory=dict)
+
+
+REPORTS: dict[str, type[Report]] = {r.NAME: r for r in (Hello, Stats, Idle, Done, Settled,
+                                                          Left)}
 
 
 def parse_report(name: object, body: object) -> Report:

@@ -19,6 +19,11 @@ every upstream is done the stage flushes (``on_upstream_done``).  An upstream th
 restarted (it answers an ask with "unknown subscription", or the daemon says so) is
 subscribed to afresh.
 
+A consumer that leaves a running pipeline (a resize) cancels its subscriptions
+(:meth:`Subscriptions.leave`); each upstream answers with a cancel of its own after the
+events it already sent (the same ordering that makes SUBSCRIBED and RETRACTED fences), so
+once every upstream is done nothing more is on its way to us.
+
 With long jobs the budget keeps only what it can start soon: :meth:`Subscriptions.shed`
 gives the rest of a processor's inbox back to the producers (RETURN).
 
@@ -78,6 +83,8 @@ class Subscriptions:
         self.upstreams: list[Upstream] = []
         self.by_sock: dict[zmq.Socket, Upstream] = {}
         self.resubscribe = True
+        #: cancelled our subscriptions to leave the pipeline (:meth:`leave`)
+        self.leaving = False
         self.budget: DemandBudget | None = None
         if budget:
             if call_later is None:
@@ -120,9 +127,14 @@ class Subscriptions:
 
     def resubscribe_to(self, stage_id: str) -> None:
         """``stage_id`` restarted (the daemon says so): subscribe to it afresh, unless the
-        drain said not to."""
+        drain said not to.  Leaving, it is done: the new incarnation knows no subscription
+        of ours to answer, and what the old one sent went back to the source with it."""
         up = self.find(stage_id)
-        if up is not None and self.resubscribe:
+        if up is None:
+            return
+        if self.leaving:
+            self.cancelled(up, "restarted while we left")
+        elif self.resubscribe:
             self.subscribe(up)
 
     def on_frame(self, up: Upstream, msg: list) -> None:
@@ -188,7 +200,9 @@ class Subscriptions:
             self._apply(self.budget.set_hold(False))
 
     def cancelled(self, up: Upstream, reason: str) -> None:
-        if reason == "unknown subscription":
+        if up.done:
+            return
+        if reason == "unknown subscription" and not self.leaving:
             if self.resubscribe:
                 self.subscribe(up)
             elif self.budget is not None and up.mode != CLASSIC:
@@ -198,6 +212,31 @@ class Subscriptions:
             if self.budget is not None:
                 self._sync_hold()
                 self._apply(self.budget.done(up.index))
+
+    def leave(self) -> None:
+        """Leave the pipeline (a resize removes this stage): ask nothing more, resubscribe
+        to nothing, and cancel every subscription.  Each upstream answers after the events
+        it already sent (:class:`.downstream.Downstream` echoes a cancel), and that answer
+        makes it done; an upstream that restarted meanwhile knows no subscription of ours
+        ("unknown subscription", or :meth:`resubscribe_to`) and is done too: what its previous
+        incarnation sent went back to the source with its crash."""
+        self.leaving = True
+        self.resubscribe = False
+        if self.budget is not None:
+            self.budget.hold = True
+        for up in self.upstreams:
+            if not up.done:
+                up.sock.send(protocol.cancel("leaving"), zmq.NOBLOCK)
+                self.sent["frames"] += 1
+
+    def remove(self, up: Upstream) -> None:
+        """Forget an upstream that left the pipeline (its cancel said so); the caller
+        closes its socket.  Per-upstream (classic) consumers only: a budget's indexes
+        are positions in :attr:`upstreams`."""
+        if self.budget is not None:
+            raise ValueError("a budgeted consumer's upstreams cannot be removed")
+        self.upstreams.remove(up)
+        del self.by_sock[up.sock]
 
     def sheds(self) -> bool:
         """Whether received events are worth looking ahead at before starting the next:
@@ -288,7 +327,7 @@ class Subscriptions:
     def _sync_hold(self) -> None:
         """Back-pressure is the stage's to judge; the budget asks nothing while it holds."""
         if self.budget is not None:
-            self.budget.hold = not self.can_ask()
+            self.budget.hold = self.leaving or not self.can_ask()
 
     def _apply(self, actions: list[Action]) -> None:
         for kind, i, n in actions:
@@ -301,6 +340,8 @@ class Subscriptions:
                 up.sock.send(protocol.retract(n), zmq.NOBLOCK)
 
     def _send_ask(self, up: Upstream, n: int) -> None:
+        if self.leaving:
+            return      # cancelled: an ask would only be answered "unknown subscription"
         self.counters["asks"] += 1
         self.sent["frames"] += 1
         up.sock.send(protocol.ask(n), zmq.NOBLOCK)

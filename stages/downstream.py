@@ -10,9 +10,10 @@ with the dispatcher's policy (the consumer asks nothing before it), a RETRACT wi
 RETRACTED and the amount actually taken back; both answers go out after every event already
 sent to that consumer, which is what makes the consumer's demand accounting exact
 (:mod:`.demand`).  Events a consumer gives back unstarted (RETURN) go to ``on_return``
-(producers put them back in their buffer; other stages refuse them as malformed).
-Frames other than subscribe / ask / retract / return / cancel (a producer's ACKs) are
-handed to the stage.
+(producers put them back in their buffer; other stages refuse them as malformed).  A
+consumer's CANCEL (it leaves the pipeline) is answered with a cancel, after everything
+already sent to it.  Frames other than subscribe / ask / retract / return / cancel (a
+producer's ACKs) are handed to the stage.
 """
 
 from __future__ import annotations
@@ -93,7 +94,10 @@ class Downstream:
                 else:
                     self.on_return(peer, events)
             elif kind == protocol.CANCEL:
+                # a consumer leaving (a resize): forget it, and answer after every event
+                # already sent to it, so it knows when nothing more is on its way
                 self.dispatcher.cancel(peer)
+                self.send(peer, protocol.cancel("unsubscribed"))
             elif self.on_frame is not None:
                 self.on_frame(peer, msg)
         self.on_change()

@@ -53,6 +53,7 @@ class ProcessorStage(Stage):
         self.inbox: deque[tuple[Upstream, list, bool, tuple]] = deque()
         self.accept(commands.Resubscribe, self._on_resubscribe)
         self.accept(commands.NoResubscribe, self._on_no_resubscribe)
+        self.accept(commands.Leave, self._on_leave)
 
     def setup(self) -> None:
         if self.batchers:
@@ -171,11 +172,25 @@ class ProcessorStage(Stage):
             return
         self.finished = True
         if self.batchers:
-            self.downstream.cancel_all("shutdown")
-        self.report(commands.Done(self.stats()))   # final counts: the last tick may be older
+            # "leaving": the batchers forget us once they have read what we sent
+            self.downstream.cancel_all("leaving" if self.leaving else "shutdown")
+        # final counts: the last tick may be older
+        self.report(commands.Left(self.stats()) if self.leaving else
+                    commands.Done(self.stats()))
 
     def _on_resubscribe(self, command: commands.Resubscribe) -> None:
         self.subs.resubscribe_to(command.upstream)
+
+    def _on_leave(self, _: commands.Leave) -> None:
+        """A resize removes this processor: stop asking, cancel every subscription, finish
+        what was received and forward what is held, then report ``left`` (the daemon stops
+        us as a planned stop: nothing is requeued)."""
+        if self.leaving:
+            return
+        log.info("%s: leaving the pipeline (resize): finishing what it holds", self.id)
+        self.leaving = True
+        self.subs.leave()
+        self._maybe_finish()
 
     def _on_no_resubscribe(self, _: commands.NoResubscribe) -> None:
         self.subs.resubscribe = False

@@ -52,6 +52,9 @@ class Stage:
     #: (ARCHITECTURE §11): reading a burst per wake-up is what keeps the poll per frame
     #: low.  A role whose frames are each a long job says less (the batch processor).
     UPSTREAM_BURST = 100
+    #: milliseconds a stage that left the pipeline waits at exit for its last frames
+    #: (acks, events, the final cancels) to reach their peers' sockets
+    LEAVE_LINGER_MS = 10_000
 
     def __init__(self, spec: StageSpec) -> None:
         self.spec = spec
@@ -63,6 +66,9 @@ class Stage:
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._timer_seq = 0
         self.running = True
+        #: a resize removes this stage: it finishes what it holds, then the supervisor
+        #: stops it (see :meth:`_flush_on_exit`)
+        self.leaving = False
         self.counters: dict[str, int] = {"in": 0, "out": 0, "failed": 0, "acked": 0,
                                          "malformed": 0}
         self.metrics = StageMetrics(spec.pipeline, spec.id, spec.role)
@@ -82,6 +88,12 @@ class Stage:
     def register(self, sock: zmq.Socket, on_readable: Callable[[zmq.Socket], None]) -> None:
         self.poller.register(sock, zmq.POLLIN)
         self._handlers[sock] = on_readable
+
+    def unregister(self, sock: zmq.Socket) -> None:
+        """Stop watching ``sock`` and close it (an upstream that left the pipeline)."""
+        self.poller.unregister(sock)
+        self._handlers.pop(sock, None)
+        sock.close(0)
 
     def register_fd(self, fd: int, on_readable: Callable[[], None]) -> None:
         self.poller.register(fd, zmq.POLLIN)
@@ -253,11 +265,12 @@ class Stage:
                 if timers:
                     timeout = max(0.0, min(timeout, (timers[0][0] - time.monotonic()) * 1000))
                 for sock, _ in self.poller.poll(timeout):
-                    fn = handlers.get(sock) if not isinstance(sock, int) else None
-                    if fn is not None:
-                        fn(sock)
-                    else:
+                    if isinstance(sock, int):
                         fd_handlers[sock]()
+                    else:
+                        fn = handlers.get(sock)
+                        if fn is not None:    # None: unregistered by an earlier handler
+                            fn(sock)
                 now = time.monotonic()
                 while timers and timers[0][0] <= now:
                     heapq.heappop(timers)[2]()
@@ -266,5 +279,15 @@ class Stage:
         finally:
             self._log_failures(final=True)    # what failed since the last line
             self.teardown()
+            if self.leaving:
+                self._flush_on_exit()
         return 0
+
+    def _flush_on_exit(self) -> None:
+        """A stage that left the pipeline reported ``left`` once it had *sent* everything;
+        its data sockets linger 0 (at a stop the drain's fences say what arrived), so here
+        they are closed with a linger and the context waits until its I/O threads have
+        written every queued frame, bounded by :data:`LEAVE_LINGER_MS`.  The supervisor's
+        stop returns when we exit: by then the frames are in the peers' sockets."""
+        self.ctx.destroy(linger=self.LEAVE_LINGER_MS)   # every socket of the context
 

@@ -192,3 +192,31 @@ def test_a_spark_server_restart_in_the_drain_ends_it_and_leaves_nothing_drained(
     assert reactions.hands_back(("ProcessorSupervisor",))
     term.requeued()
     assert term.reset() >= set(t.producers)
+
+
+def test_a_resize_changes_whom_the_drain_tells_and_waits_for() -> None:
+    def shape(processors: int, bps: int) -> topo_mod.Topology:
+        raw = {
+            "pipeline": {"name": "t", "handler": "examples.orders:Orders"},
+            "producer": {"source": "spool", "options": {"path": "var/spool"}},
+            "processors": {"default": {"concurrency": processors}},
+            "batchers": {"b": {"batch_size": 10, "concurrency": bps}},
+            "runtime": {"dir": "/tmp/ob-run"},
+        }
+        return topo_mod.build(validate(raw).config)
+
+    term = Terminator(shape(3, 3))
+    term.report_done("batch_processor_b_2")       # a stale record of a stage that goes
+    term.adopt(shape(1, 2))
+    assert term.finishers == ["batch_processor_b_0", "batch_processor_b_1"]
+    assert not term.done
+    term.adopt(shape(4, 3))
+    sends = term.begin()
+    assert [s.stage for s in sends if isinstance(s.command, commands.NoResubscribe)] == [
+        f"processor_default_{i}" for i in range(4)]
+    for bp in ("batch_processor_b_0", "batch_processor_b_1"):
+        term.report_done(bp)
+    assert term.phase is Phase.FINISHING      # batch_processor_b_2 (added again) is waited for
+    term.report_done("batch_processor_b_2")
+    term.report_settled("producer_0")
+    assert term.phase is Phase.COMPLETE

@@ -80,8 +80,10 @@ def test_reload_applies_live_keys_and_refuses_the_rest(short_tmp: Path) -> None:
         # nothing else changes live: refused, one line naming the key, nothing changed
         for old, new, key in [("max_demand = 10", "max_demand = 30",
                                "processors.default.max_demand"),
-                              ("concurrency = 2", "concurrency = 3",
-                               "processors.default.concurrency"),
+                              # processors' concurrency resizes live (test_resize.py);
+                              # the producers' does not
+                              ("concurrency = 1", "concurrency = 2",
+                               "producer.concurrency"),
                               ('handler = "tests.e2e.handlers:Recorder"',
                                'handler = "tests.e2e.handlers:NoBatch"', "pipeline.handler")]:
             assert old in base, old

@@ -275,8 +275,10 @@ def test_a_second_daemon_on_the_same_runtime_dir_touches_nothing(machine: Machin
     machine.write("/etc/offbroadway/second.toml",
                   config.replace('state_dir = "', 'log_level = "debug"\nstate_dir = "'))
     assert machine.sh(f"systemctl reload {unit}", check=False).returncode == 0
-    machine.write("/etc/offbroadway/second.toml", config.replace("concurrency = 2",
-                                                                 "concurrency = 3"))
+    # (concurrency changes live since resizes exist: max_demand still needs a restart)
+    assert "max_demand = 1000" in config
+    machine.write("/etc/offbroadway/second.toml", config.replace("max_demand = 1000",
+                                                                 "max_demand = 500"))
     refused = machine.sh(f"systemctl reload {unit}", check=False)
     assert refused.returncode != 0
     assert "reload refused" in journal(machine, unit)

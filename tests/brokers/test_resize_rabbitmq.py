@@ -1,0 +1,39 @@
+"""Resizing a running pipeline that reads RabbitMQ: grown and shrunk mid-stream (the
+sequence of :mod:`tests.e2e.test_resize`), every message handled exactly once, the queue
+left empty with nothing unacked, nothing requeued, no restart counted."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.brokers.conftest import AMQP_URL
+from tests.brokers.test_pipeline_brokers import rabbit_props
+from tests.e2e.handlers import read_records
+from tests.e2e.test_operations import free_port
+from tests.e2e.test_resize import resizable_config, resize_midstream
+
+pytestmark = pytest.mark.broker
+
+
+def test_scale_up_and_down_midstream_rabbitmq_exact_books(short_tmp: Path, rabbit) -> None:
+    n = 12_000
+    queue = rabbit.queue()
+    rabbit.ch.confirm_delivery()
+    for i in range(n):
+        rabbit.ch.basic_publish("", queue, json.dumps({"seq": i}).encode(), rabbit_props(i))
+    port = free_port()
+    config = resizable_config(short_tmp, port, handler="tests.brokers.handlers:JsonBody",
+                              source="rabbitmq", producers=2,
+                              options={"url": AMQP_URL, "queue": queue})
+    out = short_tmp / "out"
+    resize_midstream(short_tmp, config, port, n, lambda: len(read_records(str(out), "batch-")))
+    handled = Counter(r["id"] for r in read_records(str(out), "batch-"))
+    assert set(handled) == {f"m{i}" for i in range(n)}
+    assert max(handled.values()) == 1, "a message was handled twice with nothing failing"
+    assert not read_records(str(out), "failed-")
+    assert rabbit.ready(queue) == 0
+    assert rabbit.take_all(queue) == []          # nothing unacked came back either

@@ -1,0 +1,216 @@
+"""Resizing a running pipeline (``offbroadway scale``, and a reload that changes a
+concurrency): grown and shrunk mid-stream, every message is handled exactly once and
+acked, nothing is requeued, no restart is counted, and status and /metrics show the new
+shape; bad input gets one line.
+
+The rate limit keeps the stream flowing for the whole test (1,000 messages a second,
+whatever the shape), so every resize lands mid-stream and the books are checked after.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import urllib.request
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from offbroadway.daemon import control
+
+from tests.conftest import REPO, offbroadway_cmd, start_daemon, test_env, wait_until
+from tests.e2e.handlers import read_records
+from tests.e2e.test_operations import free_port, walk
+from tests.e2e.test_pipeline import make_config, write_spool
+
+#: what the tests do to the shape, in order: (scale arguments, processors, batch processors)
+SEQUENCE = [(["processors", "4"], 4, 1),
+            (["batch_processors", "default", "3"], 4, 3),
+            (["processors", "1"], 1, 3),
+            (["batch_processors", "default", "1"], 1, 1),
+            (["processors", "3"], 3, 1)]   # ids 1 and 2 again, fresh
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(offbroadway_cmd(*args), cwd=REPO, env=test_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def resizable_config(tmp: Path, port: int, **kwargs) -> Path:
+    """Two processors, one batcher with one batch processor, 1,000 messages a second."""
+    config = make_config(tmp, batchers={"default": {"batch_size": 50, "batch_timeout": 0.2}},
+                         context={"batcher": "default", "slow": 0.002}, **kwargs)
+    text = config.read_text().replace(
+        "[producer.options]",
+        "rate_limit = { allowed_messages = 500, interval = 0.5 }\n\n[producer.options]")
+    config.write_text(text.replace('listen = ""', f'listen = "127.0.0.1:{port}"'))
+    return config
+
+
+def status(sock: str) -> dict:
+    res = cli("status", "--json", "--socket", sock)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def shape_of(st: dict) -> tuple[list[str], list[str]]:
+    """(processors, batch processors) running, from status --json."""
+    nodes = list(walk(st["tree"]))
+    procs = [n["id"] for n in nodes if n["id"].startswith("processor_")
+             and n["state"] == "running"]
+    bps = [n["id"] for n in nodes if n["id"].startswith("batch_processor_")
+           and n["state"] == "running"]
+    return procs, bps
+
+
+def children_up(port: int) -> set[str]:
+    """The children /metrics reports up."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    up = set()
+    for line in text.splitlines():
+        if line.startswith("offbroadway_child_up{") and line.endswith(" 1.0"):
+            up.add(line.split('child="', 1)[1].split('"', 1)[0])
+    return up
+
+
+def resize_midstream(tmp: Path, config: Path, port: int, total: int,
+                     handled: Callable[[], int]) -> dict:
+    """Run ``config`` --until-idle, carry out :data:`SEQUENCE` while messages flow, check
+    the shape after each step, and return the daemon's stdout/stderr and last status."""
+    sock = str(tmp / "run" / "control.sock")
+    daemon = start_daemon(config, "--until-idle")
+    try:
+        wait_until(lambda: handled() >= total // 10, timeout=90, message="messages flow")
+        for words, n_proc, n_bp in SEQUENCE:
+            res = cli("scale", *words, "--socket", sock)
+            assert res.returncode == 0, res.stderr
+            assert res.stdout.startswith("scale: ") and "->" in res.stdout, res.stdout
+            st = status(sock)
+            procs, bps = shape_of(st)
+            assert procs == [f"processor_default_{i}" for i in range(n_proc)], procs
+            assert bps == [f"batch_processor_default_{i}" for i in range(n_bp)], bps
+            assert all(node["restarts"] == 0 for node in walk(st["tree"])), \
+                "a resize counted as a restart"
+            up = children_up(port)
+            assert {p for p in up if p.startswith(("processor_", "batch_processor_"))} == \
+                set(procs + bps), up
+        # every resize landed mid-stream: the source was not exhausted yet
+        assert handled() < total, "the stream ended before the resizes: the test proves nothing"
+        last = status(sock)
+        out, err = daemon.communicate(timeout=240)
+    except BaseException:
+        daemon.kill()
+        out, err = daemon.communicate(timeout=30)
+        print(err[-5000:])
+        raise
+    assert daemon.returncode == 0, err[-5000:]
+    assert "requeued" not in err, "a resize handed messages back to the source"
+    assert "Traceback" not in err, err[-5000:]
+    return {"stdout": out, "stderr": err, "status": last}
+
+
+def test_scale_up_and_down_midstream_spool_exact_books(short_tmp: Path) -> None:
+    n = 16_000
+    write_spool(short_tmp / "spool", n, files=4, extra={"route": "default"})
+    port = free_port()
+    config = resizable_config(short_tmp, port)
+    out = short_tmp / "out"
+    run = resize_midstream(short_tmp, config, port, n,
+                           lambda: len(read_records(str(out), "batch-")))
+    counts = Counter(r["id"] for r in read_records(str(out), "batch-"))
+    assert len(counts) == n, f"{n - len(counts)} lines never reached handle_batch"
+    assert max(counts.values()) == 1, "a line was handled twice with nothing failing"
+    assert not read_records(str(out), "failed-")
+    assert not list((short_tmp / "spool").glob("*.jsonl")), "spool not fully acked"
+    assert f"e2e: {n} messages acked, 0 failed" in run["stdout"], run["stdout"]
+    producer = next(nd for nd in walk(run["status"]["tree"]) if nd["id"] == "producer_0")
+    assert producer["messages"]["requeued"] == 0
+
+
+def test_bad_scale_input_is_one_line_and_changes_nothing(short_tmp: Path) -> None:
+    write_spool(short_tmp / "spool", 100, files=1, extra={"route": "default"})
+    port = free_port()
+    config = resizable_config(short_tmp, port)
+    sock = str(short_tmp / "run" / "control.sock")
+    daemon = start_daemon(config)
+    try:
+        wait_until(lambda: Path(sock).exists() and status(sock)["tree"]["state"] == "running",
+                   timeout=60, message="the daemon up")
+        before = shape_of(status(sock))
+        for words, code, says in [
+                (["processors", "0"], 2, "processors count must be at least 1, not 0"),
+                (["processors", "two"], 2, "must be a whole number, not 'two'"),
+                (["processors"], 2, "takes one number"),
+                (["producers", "3"], 2, "cannot scale 'producers'"),
+                (["batch_processors", "nope", "2"], 1, "no batcher 'nope' (batchers: default)"),
+                (["batch_processors", "default", "-1"], 2, "must be at least 1")]:
+            res = cli("scale", *words, "--socket", sock)
+            lines = res.stderr.strip().splitlines()
+            assert res.returncode == code and len(lines) == 1 and says in lines[0], res
+            assert "Traceback" not in res.stderr
+        # the daemon checks what it is sent, whatever the client
+        path = str(short_tmp / "run" / control.CONTROL_SOCKET)
+        for args in ("processors 2", None, ["processors", 0], ["processors", True]):
+            reply = control.request(path, {"cmd": "scale", "args": args})
+            assert reply["ok"] is False and "scale refused" in reply["error"], reply
+            assert "\n" not in reply["error"]
+        assert cli("scale", "processors", "2", "--socket", sock).stdout.startswith(
+            "scale: nothing to change: 2 processors")
+        assert shape_of(status(sock)) == before
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        _, err = daemon.communicate(timeout=120)
+    assert daemon.returncode == 0, err[-3000:]
+    assert "Traceback" not in err
+
+
+def test_reload_resizes_through_the_same_path(short_tmp: Path) -> None:
+    """A reload that changes concurrencies resizes (and batch_size with it); one that
+    would resize a partitioned stage is refused naming the key, nothing changed."""
+    n = 6000
+    write_spool(short_tmp / "spool", n, files=2, extra={"route": "default"})
+    port = free_port()
+    config = resizable_config(short_tmp, port)
+    base = config.read_text()
+    sock = str(short_tmp / "run" / "control.sock")
+    out = short_tmp / "out"
+    daemon = start_daemon(config, "--until-idle")
+    try:
+        wait_until(lambda: len(read_records(str(out), "batch-")) >= 500, timeout=90,
+                   message="messages flow")
+        config.write_text(base.replace("concurrency = 2", "concurrency = 3").replace(
+            "batch_timeout = 0.2", "batch_timeout = 0.2\nconcurrency = 2"))
+        res = cli("reload", "--socket", sock)
+        assert res.returncode == 0, res.stderr
+        assert "processors.default.concurrency 2 -> 3" in res.stdout, res.stdout
+        assert "batchers.default.concurrency 1 -> 2" in res.stdout, res.stdout
+        st = status(sock)
+        assert shape_of(st) == (["processor_default_0", "processor_default_1",
+                                 "processor_default_2"],
+                                ["batch_processor_default_0", "batch_processor_default_1"])
+        # SIGHUP takes the same path, down
+        config.write_text(base.replace("concurrency = 2", "concurrency = 1"))
+        daemon.send_signal(signal.SIGHUP)
+        wait_until(lambda: shape_of(status(sock)) == (["processor_default_0"],
+                                                      ["batch_processor_default_0"]),
+                   timeout=60, message="the reload's shrink")
+        # refused: partition_by ties an index to a partition; nothing changes
+        config.write_text(base.replace("concurrency = 2", "concurrency = 2\npartition_by = "
+                                                          '"route"'))
+        res = cli("reload", "--socket", sock)
+        assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1, res
+        assert "processors.default.partition_by" in res.stderr, res.stderr
+        assert shape_of(status(sock))[0] == ["processor_default_0"]
+        assert all(nd["restarts"] == 0 for nd in walk(status(sock)["tree"]))
+        assert len(read_records(str(out), "batch-")) < n, "the stream ended first"
+        _, err = daemon.communicate(timeout=240)
+    except BaseException:
+        daemon.kill()
+        daemon.communicate(timeout=30)
+        raise
+    assert daemon.returncode == 0, err[-3000:]
+    counts = Counter(r["id"] for r in read_records(str(out), "batch-"))
+    assert len(counts) == n and max(counts.values()) == 1
+    assert "requeued" not in err
