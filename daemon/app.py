@@ -36,7 +36,6 @@ from offbroadway.stages.ratelimit import SharedRateLimit
 from offbroadway.stages.spec import STAGE_ENV
 from offbroadway.supervision import (
     ChildExited,
-    ChildStarted,
     Restarting,
     SupervisionError,
     Supervisor,
@@ -48,6 +47,7 @@ from . import reload as reload_mod
 from . import resize as resize_mod
 from . import topology as topo_mod
 from .config import Config
+from .config import warnings as config_warnings
 from .hub import Hub
 from .notify import Notifier
 from .terminator import Phase, Terminator
@@ -228,6 +228,9 @@ class Daemon:
                 return {"ok": True, "message": f"nothing to change: {resize_mod.shape(old)}"}
             change = f"{resize_mod.shape(old)} -> {resize_mod.shape(new)}"
             log.info("%s: %s", why, change)
+            for line in sorted(set(config_warnings(new_config)) -
+                               set(config_warnings(self.config))):
+                log.warning("%s: %s", why, line)     # e.g. a fixed prefetch now too small
             try:
                 await self._carry_out(steps, new_config, new)
             except (SupervisionError, _Stopped) as exc:
@@ -276,6 +279,8 @@ class Daemon:
                 if step.stage in [c.id for c in sup.children]:
                     await sup.terminate_child(step.stage)
                     await sup.delete_child(step.stage)
+            elif op == resize_mod.WINDOW:
+                self._send([reactions_mod.Send(step.stage, commands.Window(step.count))])
             elif op == resize_mod.FORGET:
                 for stage in step.stages:
                     self.stats.pop(stage, None)

@@ -22,6 +22,10 @@ Why this order:
   the child ``change_spec`` added).  A new processor subscribes to the producers itself;
   the batchers running then are told to subscribe to it (``subscribe``).  A new batch
   processor subscribes to its batcher itself.
+* **The sources' windows follow** (``window``): with RabbitMQ or NATS and the prefetch
+  ``"auto"``, each producer's window is sized for the whole topology
+  (:func:`.topology.auto_prefetch`); a growth widens it before the new stages start (so
+  they are fed from their first ask), a shrink narrows it once the leaving stages are gone.
 * **Shrinking drains what it removes first**: each leaving stage stops asking, cancels its
   subscriptions, finishes and forwards what it holds (``leave``); once every one has said
   so (``await_left``) each is stopped and forgotten by its supervisor (``remove``:
@@ -50,8 +54,9 @@ USAGE = "offbroadway scale processors N | offbroadway scale batch_processors KEY
 TARGETS = ("processors", "batch_processors")
 
 #: the steps, in the vocabulary of the shell (see the module docstring)
-CHANGE_SPEC, ADOPT, START, SUBSCRIBE, LEAVE, AWAIT_LEFT, REMOVE, FORGET = (
-    "change_spec", "adopt", "start", "subscribe", "leave", "await_left", "remove", "forget")
+CHANGE_SPEC, ADOPT, START, SUBSCRIBE, LEAVE, AWAIT_LEFT, REMOVE, FORGET, WINDOW = (
+    "change_spec", "adopt", "start", "subscribe", "leave", "await_left", "remove", "forget",
+    "window")
 
 
 class ResizeRefused(ValueError):
@@ -77,13 +82,15 @@ class Request:
 class Step:
     """One step of a resize.  ``stage``: the stage or child concerned; ``supervisor``: its
     supervisor (start, remove); ``peer``: the processor a batcher subscribes to;
-    ``stages``: the stages an ``await_left`` or ``forget`` is about."""
+    ``stages``: the stages an ``await_left`` or ``forget`` is about; ``count``: a
+    producer's new window."""
 
     op: str
     stage: str = ""
     supervisor: str = ""
     peer: str = ""
     stages: tuple[str, ...] = ()
+    count: int = 0
 
 
 def parse(words: Sequence[str]) -> Request:
@@ -198,7 +205,14 @@ def plan(old: Topology, new: Topology) -> list[Step]:
                         key=_index, reverse=True))
     if not added and not leaving:
         return []
+    windows = []
+    for producer in new.producers:
+        before = old.specs[producer].source_options.get("auto_prefetch")
+        after = new.specs[producer].source_options.get("auto_prefetch")
+        if after is not None and after != before:
+            windows.append((after > (before or 0), Step(WINDOW, producer, count=after)))
     steps = [Step(CHANGE_SPEC), Step(ADOPT)]
+    steps += [step for wider, step in windows if wider]
     for stage in added:
         steps.append(Step(START, stage, supervisor=new_tree.parent[stage].id))
     for stage in added:
@@ -210,6 +224,7 @@ def plan(old: Topology, new: Topology) -> list[Step]:
         steps += [Step(REMOVE, stage, supervisor=old_tree.parent[stage].id)
                   for stage in leaving]
         steps.append(Step(FORGET, stages=tuple(leaving)))
+    steps += [step for wider, step in windows if not wider]
     return steps
 
 

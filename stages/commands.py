@@ -32,6 +32,7 @@ LogLevel            every stage         reload: new runtime.log_level
 Leave               processors, batch   a resize removes it: cancel its subscriptions,
                     processors          finish what it holds, report Left
 Subscribe           batchers            a resize added a processor: subscribe to it
+Window              producers           a resize changed the auto prefetch window
 ==================  ==================  ==============================================
 
 Reports (stage → daemon): :class:`Hello` (up, with its pid), :class:`Stats` (every tick),
@@ -199,9 +200,21 @@ class Subscribe(Command):
     upstream: str
 
 
+@dataclass(frozen=True)
+class Window(Command):
+    """The source's window of unsettled messages (``auto_prefetch``) for the new shape."""
+
+    NAME: ClassVar[str] = "window"
+    prefetch: int
+
+    def __post_init__(self) -> None:
+        if self.prefetch < 1:
+            raise BadCommand("prefetch must be at least 1")
+
+
 COMMANDS: dict[str, type[Command]] = {c.NAME: c for c in (
     Shutdown, NoResubscribe, Resubscribe, Requeue, ReleaseSuspects, Pause, Resume, Flush,
-    Batching, LogLevel, Leave, Subscribe)}
+    Batching, LogLevel, Leave, Subscribe, Window)}
 
 
 def parse_command(name: object, args: object) -> Command:

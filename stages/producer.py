@@ -97,6 +97,7 @@ class ProducerStage(Stage):
         self.accept(commands.Resume, self._on_resume)
         self.accept(commands.Requeue, self._on_requeue)
         self.accept(commands.ReleaseSuspects, self._on_release_suspects)
+        self.accept(commands.Window, self._on_window)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -424,6 +425,13 @@ class ProducerStage(Stage):
         if resume is not None:
             resume()
         self.pump()
+
+    def _on_window(self, command: commands.Window) -> None:
+        """A resize changed the pipeline's shape: a source with a window sized for it
+        (``prefetch = "auto"``) takes the new size; others have nothing to change."""
+        set_window = getattr(self.source, "set_window", None)
+        if set_window is not None:
+            set_window(command.prefetch)
 
     def _pause_source(self) -> None:
         pause = getattr(self.source, "pause", None)

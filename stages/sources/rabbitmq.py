@@ -41,6 +41,7 @@ dead-letter exchange gets it, or the broker drops it if there is none), ``requeu
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -477,6 +478,13 @@ class RabbitMQSource(Source):
             self._paused = False
         self._command("resume", None)
 
+    def set_window(self, prefetch: int) -> None:
+        """A resize changed the auto window: ``basic.qos`` again on the I/O thread (the
+        broker applies it to deliveries from then on; a reconnect uses it too).  An
+        explicit ``prefetch_count`` is kept as given."""
+        if self.settings.prefetch_auto:
+            self._command("window", prefetch)
+
     def stats(self) -> dict[str, Any]:
         s = self.settings
         return {
@@ -764,6 +772,11 @@ class RabbitMQSource(Source):
                 self._stop_consuming()
             elif op == "resume" and self._channel is not None and not self._paused:
                 self._start_consuming()
+            elif op == "window":
+                self.settings = dataclasses.replace(self.settings, prefetch_count=arg)
+                if self._channel is not None:
+                    self._channel.basic_qos(prefetch_count=arg)
+                log.info("rabbitmq source: prefetch %d auto (the pipeline was resized)", arg)
 
     def _current(self, handle: RabbitMQHandle) -> bool:
         """Is this handle from the live connection?  If not, the broker already requeued

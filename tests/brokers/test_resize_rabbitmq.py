@@ -9,12 +9,16 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from offbroadway.daemon import resize
+from offbroadway.daemon.config import load_config
+from offbroadway.daemon.topology import auto_prefetch
 
 from tests.brokers.conftest import AMQP_URL
 from tests.brokers.test_pipeline_brokers import rabbit_props
+from tests.conftest import wait_until
 from tests.e2e.handlers import read_records
-from tests.e2e.test_operations import free_port
-from tests.e2e.test_resize import resizable_config, resize_midstream
+from tests.e2e.test_operations import free_port, walk
+from tests.e2e.test_resize import SEQUENCE, resizable_config, resize_midstream, status
 
 pytestmark = pytest.mark.broker
 
@@ -30,7 +34,22 @@ def test_scale_up_and_down_midstream_rabbitmq_exact_books(short_tmp: Path, rabbi
                               source="rabbitmq", producers=2,
                               options={"url": AMQP_URL, "queue": queue})
     out = short_tmp / "out"
-    resize_midstream(short_tmp, config, port, n, lambda: len(read_records(str(out), "batch-")))
+    loaded = load_config(str(config)).config
+    start, end = (auto_prefetch(resize.resized(loaded, resize.Request("processors", "default",
+                                                                        k)))
+                  for k in (2, SEQUENCE[-1][1]))
+    assert start != end
+
+    def window_follows(sock: str) -> None:
+        """Each producer's basic.qos follows the shape (prefetch "auto")."""
+        def windows() -> set:
+            return {nd["messages"]["source"]["prefetch_count"]
+                    for nd in walk(status(sock)["tree"])
+                    if nd["id"].startswith("producer_") and "messages" in nd}
+        wait_until(lambda: windows() == {end}, timeout=10, message=f"prefetch {end}")
+
+    resize_midstream(short_tmp, config, port, n, lambda: len(read_records(str(out), "batch-")),
+                     window_follows)
     handled = Counter(r["id"] for r in read_records(str(out), "batch-"))
     assert set(handled) == {f"m{i}" for i in range(n)}
     assert max(handled.values()) == 1, "a message was handled twice with nothing failing"

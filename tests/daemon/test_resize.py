@@ -200,3 +200,29 @@ def test_reload_takes_concurrency_live_unless_partitioned():
                                                                            concurrency=3))
     with pytest.raises(reload.ReloadRefused, match=r"^producer\.concurrency: the producers'"):
         reload.plan(old, more_producers)
+
+
+def test_an_auto_window_widens_before_a_growth_and_narrows_after_a_shrink():
+    def rabbit(processors: int):
+        raw = {
+            "pipeline": {"name": "t", "handler": "examples.orders:Orders"},
+            "producer": {"source": "rabbitmq", "concurrency": 2,
+                         "options": {"url": "amqp://127.0.0.1", "queue": "q"}},
+            "processors": {"default": {"concurrency": processors, "max_demand": 100}},
+            "runtime": {"dir": "/tmp/ob-run"},
+        }
+        return topo_mod.build(validate(raw).config)
+
+    small, big = rabbit(2), rabbit(6)
+    assert big.specs["producer_0"].source_options["auto_prefetch"] == 300   # 6 x 100 / 2
+    grow = resize.plan(small, big)
+    assert [(s.op, s.stage, s.count) for s in grow[:4]] == [
+        ("change_spec", "", 0), ("adopt", "", 0), ("window", "producer_0", 300),
+        ("window", "producer_1", 300)]
+    assert grow[4].op == "start"
+    shrink = resize.plan(big, small)
+    assert [(s.op, s.stage, s.count) for s in shrink[-3:]] == [
+        ("forget", "", 0), ("window", "producer_0", 100), ("window", "producer_1", 100)]
+    # a source without a window (spool): no window step
+    assert all(s.op != "window" for s in resize.plan(topo_mod.build(_config(2)),
+                                                     topo_mod.build(_config(5))))

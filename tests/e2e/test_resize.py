@@ -76,9 +76,11 @@ def children_up(port: int) -> set[str]:
 
 
 def resize_midstream(tmp: Path, config: Path, port: int, total: int,
-                     handled: Callable[[], int]) -> dict:
+                     handled: Callable[[], int],
+                     then: Callable[[str], None] = lambda sock: None) -> dict:
     """Run ``config`` --until-idle, carry out :data:`SEQUENCE` while messages flow, check
-    the shape after each step, and return the daemon's stdout/stderr and last status."""
+    the shape after each step, call ``then(socket)``, and return the daemon's
+    stdout/stderr and last status."""
     sock = str(tmp / "run" / "control.sock")
     daemon = start_daemon(config, "--until-idle")
     try:
@@ -96,6 +98,7 @@ def resize_midstream(tmp: Path, config: Path, port: int, total: int,
             up = children_up(port)
             assert {p for p in up if p.startswith(("processor_", "batch_processor_"))} == \
                 set(procs + bps), up
+        then(sock)
         # every resize landed mid-stream: the source was not exhausted yet
         assert handled() < total, "the stream ended before the resizes: the test proves nothing"
         last = status(sock)

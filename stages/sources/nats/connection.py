@@ -78,6 +78,8 @@ class JetStreamPuller:
 
     def __init__(self, settings: NatsSettings, mailbox: Mailbox, *, client_name: str) -> None:
         self.s = settings
+        #: the window (``prefetch``); a resize may change it while the pull loop runs
+        self.prefetch = settings.prefetch
         self.mailbox = mailbox
         self.client_name = client_name
         self.url_masked = mask_url(settings.url)
@@ -261,7 +263,7 @@ class JetStreamPuller:
         s = self.s
         delay = s.backoff_min
         while not self.closing.is_set():
-            room = s.prefetch - len(self.owed)
+            room = self.prefetch - len(self.owed)
             if self.paused or room <= 0 or not self._nc.is_connected:
                 await self._sleep(0.05)
                 continue

@@ -9,6 +9,7 @@ de-duplication id), else ``<stream>:<stream sequence>``, stable across redeliver
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -131,6 +132,14 @@ class NatsSource(Source):
 
     def retry_after(self) -> float:
         return 1.0   # the fd wakes the producer; this is never the clock
+
+    def set_window(self, prefetch: int) -> None:
+        """A resize changed the auto window: the pull loop keeps that many owed from its
+        next pull (an explicit ``prefetch`` is kept as given)."""
+        if self.settings.prefetch_auto:
+            self.settings = dataclasses.replace(self.settings, prefetch=prefetch)
+            if self._io is not None:
+                self._io.prefetch = prefetch
 
     def pause(self) -> None:
         """Stop pulling and hand what was pulled but not fetched back (``-NAK``), so other
