@@ -1,4 +1,5 @@
-"""Handler for the back-pressure test: a batch sink that stops answering on demand."""
+"""Handlers with a batch sink that stalls on demand: the back-pressure tests, and the
+daemon SIGKILL test that needs work in flight at the kill."""
 
 from __future__ import annotations
 
@@ -7,17 +8,6 @@ import time
 
 from tests.brokers.handlers import JsonBody
 from tests.e2e.handlers import Recorder
-
-
-class GatedBatches(JsonBody):
-    """``handle_batch`` blocks while the file ``context["gate"]`` exists, as a batch
-    processor blocked on a stalled Spark write does (and without a heartbeat timeout on
-    batch processors, nothing kills it for that)."""
-
-    def handle_batch(self, batcher, messages, batch_info, context):
-        while os.path.exists(context["gate"]):
-            time.sleep(0.01)
-        return super().handle_batch(batcher, messages, batch_info, context)
 
 
 class GatedRecorder(Recorder):
@@ -38,3 +28,10 @@ class GatedRecorder(Recorder):
                 time.sleep(0.01)
         self.handled += len(messages)
         return super().handle_batch(batcher, messages, batch_info, context)
+
+
+class GatedBatches(JsonBody, GatedRecorder):
+    """RabbitMQ bodies decoded, then :class:`GatedRecorder` (with no ``open_for``: it
+    blocks from the first batch whenever the gate exists), as a batch processor blocked
+    on a stalled Spark write does (and without a heartbeat timeout on batch processors,
+    nothing kills it for that)."""

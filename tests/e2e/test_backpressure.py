@@ -13,13 +13,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests.brokers.conftest import AMQP_URL, rabbit  # noqa: F401
 from tests.conftest import start_daemon, wait_until
+from tests.e2e.daemon_status import producer_books, tree_rss
 from tests.e2e.handlers import read_records
-from tests.e2e.test_operations import status, walk
 from tests.e2e.test_pipeline import make_config
 
 pytestmark = pytest.mark.broker
@@ -27,27 +26,6 @@ N = 20_000
 PAYLOAD = 4096                 # 80 MB in the queue: buffering it would show in RSS
 STALL = 5.0
 RSS_GROWTH_LIMIT = 40 * 2**20
-
-
-def producer_source(sock: Path) -> dict:
-    """The producer's source stats plus its in-flight and acked counts ({} before its first
-    report)."""
-    node = next(n for n in walk(status(sock)["tree"]) if n["id"] == "producer_0")
-    m = node.get("messages") or {}
-    if "source" not in m:
-        return {}
-    return {**m["source"], "inflight": m["inflight"], "acked": m["acked"]}
-
-
-def tree_rss(pid: int) -> int:
-    proc = psutil.Process(pid)
-    total = 0
-    for p in [proc, *proc.children(recursive=True)]:
-        try:
-            total += p.memory_info().rss
-        except psutil.NoSuchProcess:
-            pass
-    return total
 
 
 def broker_unacked(queue: str) -> int:
@@ -75,14 +53,14 @@ def test_a_stalled_sink_stops_the_producer_and_memory_stays_flat(short_tmp: Path
     sock = short_tmp / "run" / "control.sock"
     daemon = start_daemon(config, "--until-idle")
     try:
-        wait_until(lambda: sock.exists() and producer_source(sock).get("acked", 0) >= 2000,
+        wait_until(lambda: sock.exists() and producer_books(sock).get("acked", 0) >= 2000,
                    timeout=120, interval=0.2, message="2000 messages acked")
         gate.touch()                                         # the sink stops answering
 
         seen: list[dict] = []
 
         def filled_up() -> bool:
-            seen.append(producer_source(sock))
+            seen.append(producer_books(sock))
             src = seen[-1]
             return (src.get("unacked") == src.get("prefetch_count") and len(seen) >= 3
                     and seen[-3]["fetched"] == src["fetched"])
@@ -96,7 +74,7 @@ def test_a_stalled_sink_stops_the_producer_and_memory_stays_flat(short_tmp: Path
         samples = []
         end = time.monotonic() + STALL        # an observation window, not a wait
         while time.monotonic() < end:
-            src = producer_source(sock)
+            src = producer_books(sock)
             samples.append((src["fetched"], src["inflight"], src["unacked"],
                             rabbit.ready(queue), tree_rss(daemon.pid)))
             time.sleep(0.25)

@@ -40,9 +40,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import psutil
-
 from tests.conftest import start_daemon, wait_until
+from tests.e2e.daemon_status import producer_books, tree_nodes, tree_rss
 from tests.e2e.handlers import read_records
 
 N = 30_000
@@ -111,37 +110,6 @@ def bound(config_path: Path, out_limits: list[int]) -> int:
             + b.concurrency * batch_demand(b) * b.batch_size)
 
 
-def tree(sock: Path) -> list[dict]:
-    from offbroadway.daemon import control
-
-    def walk(node: dict):
-        yield node
-        for child in node.get("children", []):
-            yield from walk(child)
-
-    return list(walk(control.request(str(sock), {"cmd": "status"}, timeout=10)["status"]
-                     ["tree"]))
-
-
-def producer(sock: Path) -> dict:
-    node = next(n for n in tree(sock) if n["id"] == "producer_0")
-    m = node.get("messages") or {}
-    if "source" not in m:
-        return {}
-    return {"fetched": m["source"]["fetched"], "acked": m["acked"], "inflight": m["inflight"]}
-
-
-def tree_rss(pid: int) -> int:
-    proc = psutil.Process(pid)
-    total = 0
-    for p in [proc, *proc.children(recursive=True)]:
-        try:
-            total += p.memory_info().rss
-        except psutil.NoSuchProcess:
-            pass
-    return total
-
-
 def test_a_stalled_sink_bounds_what_a_pull_source_hands_out(short_tmp: Path) -> None:
     write_spool(short_tmp / "spool", N)
     (short_tmp / "out").mkdir()
@@ -152,24 +120,24 @@ def test_a_stalled_sink_bounds_what_a_pull_source_hands_out(short_tmp: Path) -> 
     sock = short_tmp / "run" / "control.sock"
     daemon = start_daemon(config, "--until-idle")
     try:
-        wait_until(lambda: sock.exists() and producer(sock).get("acked", 0) >= 500,
+        wait_until(lambda: sock.exists() and producer_books(sock).get("acked", 0) >= 500,
                    timeout=60, interval=0.1, message="the first messages acked")
         rss0 = tree_rss(daemon.pid)           # flowed, maybe not yet filled behind the stall
         seen: list[dict] = []
 
         def filled_up() -> bool:
-            seen.append(producer(sock))
+            seen.append(producer_books(sock))
             return len(seen) >= 4 and seen[-4]["fetched"] == seen[-1]["fetched"]
 
         wait_until(filled_up, timeout=60, interval=0.5,
                    message="the pipeline full and the producer no longer fetching")
-        limit = bound(config, [n["messages"]["out_limit"] for n in tree(sock)
+        limit = bound(config, [n["messages"]["out_limit"] for n in tree_nodes(sock).values()
                                if n["id"].startswith("processor_")])
         base = seen[-1]
         samples = []
         end = time.monotonic() + STALL        # an observation window, not a wait
         while time.monotonic() < end:
-            p = producer(sock)
+            p = producer_books(sock)
             samples.append((p["fetched"], p["acked"], p["inflight"], tree_rss(daemon.pid)))
             time.sleep(0.25)
         gate.unlink()                         # the sink answers again

@@ -61,13 +61,12 @@ def test_daemon_sigkill_then_restart_loses_nothing(short_tmp: Path) -> None:
     check every stage died with it, start it again: every line is handled, the spool is
     fully acked, and duplicates are only lines the first run's source had unacked.
 
-    The sink stalls after its first OPEN_FOR messages per batch processor (a gate the test
+    The sink stalls after its first 1000 messages per batch processor (a gate the test
     lifts after the kill), so the kill finds work in flight however slowly the test gets
     to it: under load, the status calls before the kill used to outlast the whole run."""
-    import subprocess
     from collections import Counter
 
-    from tests.conftest import REPO, offbroadway_cmd, test_env
+    from tests.e2e.daemon_status import producer_books
     from tests.e2e.handlers import read_records
     from tests.e2e.test_pipeline import run_until_idle, spool_settled, stage_pids
 
@@ -85,19 +84,10 @@ def test_daemon_sigkill_then_restart_loses_nothing(short_tmp: Path) -> None:
     try:
         wait_until(lambda: len(read_records(str(out), "batch-")) >= 1000, timeout=60,
                    message="messages to flow")
-
-        def source_unacked() -> int:
-            st = json.loads(subprocess.run(
-                offbroadway_cmd("status", "--json", "--socket", str(sock)), cwd=REPO,
-                env=test_env(), capture_output=True, text=True, timeout=30).stdout)
-            producer = next(c for c in st["tree"]["children"][0]["children"]
-                            if c["id"] == "producer_0")
-            return producer["messages"]["source"]["unacked"]
-
         # stalled, the pipeline holds still: two reports (a tick apart) that agree are
         # what the source had unacked at the kill
         seen: list[int] = []
-        wait_until(lambda: seen.append(source_unacked()) or (
+        wait_until(lambda: seen.append(producer_books(sock).get("unacked", 0)) or (
             len(seen) >= 2 and seen[-1] == seen[-2] > 0), timeout=60, interval=1.1,
             message="the source's unacked count settled behind the stalled sink")
         unacked = seen[-1]

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, offbroadway_cmd, start_daemon, test_env, wait_until
+from tests.e2e.daemon_status import tree_nodes
 from tests.e2e.handlers import read_records
 
 
@@ -233,16 +234,8 @@ def spool_settled(state: Path, spool: Path) -> set[str]:
 
 def producer_inflight(control: Path) -> int:
     """The producers' in-flight messages as their latest reports (a tick apart) say."""
-    tree = json.loads(subprocess.run(
-        offbroadway_cmd("status", "--json", "--socket", str(control)), cwd=REPO,
-        env=test_env(), capture_output=True, text=True, timeout=30).stdout)["tree"]
-    stack, total = [tree], 0
-    while stack:
-        node = stack.pop()
-        if node["id"].startswith("producer_"):
-            total += node.get("messages", {}).get("inflight", 0)
-        stack.extend(node["children"])
-    return total
+    return sum(node.get("messages", {}).get("inflight", 0)
+               for node in tree_nodes(control).values() if node["id"].startswith("producer_"))
 
 
 @pytest.mark.parametrize("victim", ["processor_default_0", "batcher_even",
