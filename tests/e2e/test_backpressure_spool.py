@@ -48,8 +48,9 @@ N = 30_000
 PAYLOAD = 1000
 STALL = 10.0
 #: messages the sink takes before it stalls: the acks of at most one wake-up's batches (a
-#: batch processor reads up to 10 frames a wake-up and acks at its end) are held behind the
-#: stalled batch, so at least OPEN_FOR - 900 are acked when the stall begins
+#: batch processor reads up to ``BatchProcessorStage.UPSTREAM_BURST`` = 10 frames a wake-up
+#: and acks at its end) are held behind the stalled batch, so at least OPEN_FOR - 900 are
+#: acked when the stall begins
 OPEN_FOR = 2000
 #: RSS may move this much while nothing moves (allocator noise, metrics, logs)
 RSS_FLAT = 16 * 2**20
