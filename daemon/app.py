@@ -30,7 +30,6 @@ import stat
 import time
 from typing import Any
 
-from offbroadway.stages import blame as blame_mod
 from offbroadway.stages import commands, logs, ratelimit
 from offbroadway.stages.ratelimit import SharedRateLimit
 from offbroadway.stages.spec import STAGE_ENV
@@ -45,13 +44,15 @@ from . import control, metrics, runlock, stopbudget
 from . import reactions as reactions_mod
 from . import reload as reload_mod
 from . import resize as resize_mod
+from . import status as status_mod
 from . import topology as topo_mod
 from .config import Config
 from .config import warnings as config_warnings
 from .hub import Hub
 from .notify import Notifier
+from .operator import Operator
+from .poison import read_blame
 from .terminator import Phase, Terminator
-from .totals import StageTotals
 
 log = logging.getLogger("offbroadway.daemon")
 
@@ -91,9 +92,8 @@ class Daemon:
         self.config = config
         self.until_idle = until_idle
         self.notifier = notifier or Notifier()
-        self.stats: dict[str, dict] = {}
-        self.totals = StageTotals()
-        self.paused = False
+        #: the control socket's verbs (offbroadway status, stop, restart, drain...)
+        self.operator = Operator(self)
         self._stop = asyncio.Event()
         self._idle_event = asyncio.Event()
         #: set whenever the terminator may have moved (the drain's waits wake on it)
@@ -136,6 +136,7 @@ class Daemon:
         self.reactions = reactions_mod.Reactions(
             self.topology, self.config.processors[topo_mod.PROCESSOR_KEY].max_crashes)
         self.terminator = Terminator(self.topology)
+        self.board = status_mod.Board(self.topology)
 
     def _topology_of(self, config: Any) -> topo_mod.Topology:
         """The tree of ``config``, wired as this daemon's (the one Spark server)."""
@@ -179,11 +180,11 @@ class Daemon:
             elif key == "runtime.log_level":
                 logging.getLogger().setLevel(value.upper())
                 log.log(logging.getLevelName(value.upper()), "log level %s (%s)", value, why)
-                self._send([reactions_mod.Send(sid, commands.LogLevel(value))
+                self.send([reactions_mod.Send(sid, commands.LogLevel(value))
                             for sid in self.topology.stages])
             else:                     # batchers.<key>.batch_size / batch_timeout
                 batchers.add(key.split(".")[1])
-        self._send([reactions_mod.Send(f"batcher_{key}", commands.Batching(
+        self.send([reactions_mod.Send(f"batcher_{key}", commands.Batching(
             new.batchers[key].batch_size, new.batchers[key].batch_timeout))
             for key in sorted(batchers)])
         if resizes:
@@ -256,6 +257,7 @@ class Daemon:
                 self.config = config
                 self.reactions.adopt(topology)
                 self.terminator.adopt(topology)
+                self.board.topology = topology
                 self.topology = topology
                 self.stop_budget = stopbudget.total(config.pipeline.shutdown_timeout,
                                                     topology.root)
@@ -268,10 +270,10 @@ class Daemon:
                     # a crash's restart built the new shape meanwhile and started it
             elif op == resize_mod.SUBSCRIBE:
                 # not connected: that batcher is restarting, with the new processor in its spec
-                self._send([reactions_mod.Send(step.stage, commands.Subscribe(step.peer))])
+                self.send([reactions_mod.Send(step.stage, commands.Subscribe(step.peer))])
             elif op == resize_mod.LEAVE:
                 self._leaving.add(step.stage)
-                self._send([reactions_mod.Send(step.stage, commands.Leave())])
+                self.send([reactions_mod.Send(step.stage, commands.Leave())])
             elif op == resize_mod.AWAIT_LEFT:
                 await self._await_left(step.stages)
             elif op == resize_mod.REMOVE:
@@ -283,7 +285,7 @@ class Daemon:
                 self._send([reactions_mod.Send(step.stage, commands.Window(step.count))])
             elif op == resize_mod.FORGET:
                 for stage in step.stages:
-                    self.stats.pop(stage, None)
+                    self.board.stats.pop(stage, None)
                 self.reactions.forget(step.stages)
 
     def _supervisor(self, sup_id: str) -> Supervisor:
@@ -321,8 +323,7 @@ class Daemon:
         if isinstance(report, (commands.Stats, commands.Done, commands.Settled,
                                commands.Left)) and \
                 "pid" in report.stats:
-            self.stats[stage_id] = {**report.stats, "at": time.time()}
-            self.totals.report(stage_id, report.stats)
+            self.board.record(stage_id, report.stats)
         t = self.terminator
         if isinstance(report, commands.Idle):
             if t.idle_report(stage_id, report.idle) and self.until_idle:
@@ -334,7 +335,7 @@ class Daemon:
             t.report_settled(stage_id)
             self._progress.set()
         elif isinstance(report, commands.Hello):
-            self._send(t.hello(stage_id))
+            self.send(t.hello(stage_id))
         elif isinstance(report, commands.Left) and stage_id in self._leaving:
             self._left.add(stage_id)
             self.reactions.left(stage_id)
@@ -348,7 +349,7 @@ class Daemon:
                 metrics.process_dead(event.pid, self.metrics_dir)
             self.terminator.exited(event.child_id)
             if event.child_id in self.reactions.blamed:
-                record = self._blame_record(event)
+                record = read_blame(self.config.runtime.dir, event)
         # asked before the reactions forget what the cascade lost
         handed_back = isinstance(event, Restarting) and self.reactions.hands_back(
             event.children)
@@ -360,9 +361,9 @@ class Daemon:
             # stops waiting (see _run_again)
             self.terminator.requeued()
             self._progress.set()
-        self._send(sends)
+        self.send(sends)
 
-    def _send(self, sends: list[reactions_mod.Send]) -> None:
+    def send(self, sends: list[reactions_mod.Send]) -> None:
         for s in sends:
             if not self.hub.send(s.stage, s.command):
                 # the stage is not connected to the hub: it is down or starting.  A requeue
@@ -373,25 +374,6 @@ class Daemon:
                 log.warning("%s not connected: command %s not delivered (%s)", s.stage,
                             s.command.NAME, getattr(s.command, "reason", "") or
                             "it is brought up to date when it says hello")
-
-    def _blame_record(self, event: ChildExited) -> blame_mod.Blame | None:
-        """What a processor that died on its own was running (its blame record).
-
-        Only an unexpected exit blames anyone: a processor its supervisor stopped (a
-        sibling's crash under one_for_all, a drain) died of nothing it was running.  The
-        record is read and removed at every exit, before any restart, so a later
-        incarnation that dies before writing its own cannot blame the same message twice.
-        """
-        record = blame_mod.take(blame_mod.path(self.config.runtime.dir, event.child_id))
-        if event.expected or record is None or not record.suspects:
-            return None
-        if record.kind == "handle_message":
-            log.warning("%s %s while running message %s", event.child_id, event.reason,
-                        record.suspects[0].id)
-        else:
-            log.warning("%s %s in %s of a frame of %d messages", event.child_id, event.reason,
-                        record.kind, record.frame_size)
-        return record
 
     # -- run --------------------------------------------------------------------------------
     async def run(self) -> int:
@@ -411,12 +393,12 @@ class Daemon:
             # the HTTP thread reads a copy refreshed on the loop, never the live tree
             self.metrics_server = metrics.serve(self.config.metrics.listen, self.metrics_dir,
                                                 self.config.pipeline.name, lambda: self._tree,
-                                                rate_limit=self._rate_bucket)
+                                                rate_limit=self.rate_bucket)
         except metrics.ListenError:
             shutil.rmtree(self.metrics_dir, ignore_errors=True)
             raise
 
-    def _rate_bucket(self) -> ratelimit.Bucket:
+    def rate_bucket(self) -> ratelimit.Bucket:
         """The shared rate limit as /metrics reads it (off until the daemon made it)."""
         return self.rate_limit.read() if self.rate_limit is not None else ratelimit.Bucket()
 
@@ -439,7 +421,7 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
         name = self.config.pipeline.name
         self.control = await control.serve(os.path.join(rt.dir, control.CONTROL_SOCKET),
-                                           self.handle_control)
+                                           self.operator.handle)
         try:
             self.notifier.status(f"starting pipeline {name}")
             if not await self._start_unless_stopped():
@@ -537,26 +519,14 @@ class Daemon:
             return False
         return True
 
-    def _sources_down(self) -> list[str]:
-        """``producer_i: state (last error)`` for each source that is not connected."""
-        out = []
-        for p in self.topology.producers:
-            stats = self.stats.get(p)
-            if stats is None or stats.get("source_connected", 1):
-                continue
-            src = stats.get("source") or {}
-            err = src.get("last_error")
-            out.append(f"{p}: {src.get('state', 'not connected')}" + (f" ({err})" if err else ""))
-        return out
-
     def _announce_up(self) -> None:
         """Say the pipeline is up only once its sources are connected; until then, say what
         it waits for (the sources log each retry themselves)."""
         if self._announced_up or self.terminator.draining:
             return
         name = self.config.pipeline.name
-        reported = all(p in self.stats for p in self.topology.producers)
-        down = self._sources_down()
+        reported = self.board.all_reported()
+        down = self.board.sources_down()
         if reported and not down:
             self._announced_up = True
             log.info("pipeline %s is up: %d stages", name, len(self.topology.stages))
@@ -643,7 +613,7 @@ class Daemon:
         self._announce_stop()
         self.notifier.status("draining")
         t = self.terminator
-        self._send(t.begin())
+        self.send(t.begin())
         if not await self._wait_for(lambda: t.ended, deadline):
             for line in t.expire():
                 log.warning("drain: after %.1fs, %s", timeout, line)
@@ -654,8 +624,8 @@ class Daemon:
         for p in self.topology.producers:
             # the books of each source as its producer last reported them (the settled
             # report when it settled): what an operator checks after a stop
-            src = self.stats.get(p, {}).get("source")
-            if isinstance(src, dict):
+            src = self.board.source(p)
+            if src:
                 log.info("%s: source %s fetched %s, acked %s, failed %s, unacked %s", p,
                          src.get("source"), src.get("fetched"), src.get("acked"),
                          src.get("failed"), src.get("unacked"))
@@ -664,31 +634,22 @@ class Daemon:
     def _report_output(self) -> None:
         """The line an operator (and the README's main job) reads at the end of a run."""
         t = self.topology
-        acked = self.totals.sum(t.producers, "acked")
-        failed = self.totals.sum(t.producers, "failed")
+        acked = self.board.sum(t.producers, "acked")
+        failed = self.board.sum(t.producers, "failed")
         name = self.config.pipeline.name
         if self.config.spark is not None:
             spark = self.config.spark
             for key in self.config.batchers:
                 # those a resize removed too: what they wrote counts
                 prefix = f"batch_processor_{key}_"
-                stages = [s for s in self.totals.stages()
+                stages = [s for s in self.board.totals.stages()
                           if s.startswith(prefix) and s[len(prefix):].isdigit()]
-                rows = self.totals.sum(stages, "out")
+                rows = self.board.sum(stages, "out")
                 print(f"{name}: wrote {rows} rows to {spark['output']}/{key} ({spark['format']})",
                       flush=True)
-        where = self._failed_to() if failed else ""
+        where = self.board.failed_to() if failed else ""
         print(f"{name}: {acked} messages acked, {failed} failed"
               + (f" (failed messages: {where})" if where else ""), flush=True)
-
-    def _failed_to(self) -> str:
-        """Where the source puts failed messages, as its producers report it."""
-        places = []
-        for p in self.topology.producers:
-            where = (self.stats.get(p, {}).get("source") or {}).get("failed_to")
-            if where and where not in places:
-                places.append(where)
-        return "; ".join(places)
 
     async def _wait_for(self, predicate, deadline: float) -> bool:
         while not predicate():
@@ -704,118 +665,25 @@ class Daemon:
                 pass
         return True
 
-    # -- operator control ---------------------------------------------------------------------
-    async def handle_control(self, req: dict) -> dict:
-        cmd = req.get("cmd")
-        if cmd == "status":
-            return {"ok": True, "status": self.status()}
-        if cmd == "stop":
-            self.request_stop("offbroadway stop")
-            return {"ok": True, "pid": os.getpid()}
-        if cmd == "restart":
-            child_id = str(req.get("child", ""))
-            if self.root.find(child_id) is None and child_id != "terminator":
-                ids = [n["id"] for n in _walk(self.root.snapshot())][1:]
-                return {"ok": False, "error": f"no child with id {child_id!r}; children: "
-                        f"{', '.join(ids)}"}
-            if child_id == "terminator":
-                return {"ok": False,
-                        "error": "terminator runs inside the daemon; nothing to restart"}
-            if child_id in self._leaving:
-                return {"ok": False, "error": f"{child_id} is leaving the pipeline (a resize "
-                        f"removes it); nothing to restart"}
-            # the same cascade as a crash of child_id (a processor's restart goes through
-            # ProcessorSupervisor, so the batchers restart too), with one requeue
-            try:
-                await self.root.restart_subtree_or_child(
-                    self.reactions.operator_restart(child_id))
-            except SupervisionError as exc:   # stopping, or a supervisor already gave up
-                return {"ok": False, "error": f"cannot restart {child_id}: {exc}"}
-            return {"ok": True}
-        if cmd == "drain":
-            if self.paused:
-                return {"ok": True, "message": "already drained: nothing is fetched until "
-                        "resume"}
-            self.paused = True
-            log.info("drain requested: producers stop fetching, what is in flight finishes; "
-                     "resume to fetch again")
-            self._send([reactions_mod.Send(p, commands.Pause())
-                        for p in self.topology.producers] +
-                       [reactions_mod.Send(b, commands.Flush())
-                        for b in self.topology.batchers])
-            return {"ok": True, "message": "draining: nothing new is fetched until resume"}
-        if cmd == "reload":
-            return await self.reload("offbroadway reload")
-        if cmd == "rate_limit":
-            return self._rate_limit_command(req)
-        if cmd == "scale":
-            return await self.scale(req.get("args"))
-        if cmd == "resume":
-            if not self.paused:
-                return {"ok": True, "message": "nothing to resume: the pipeline was not "
-                        "drained"}
-            self.paused = False
-            log.info("resume requested: producers fetch again")
-            self._send([reactions_mod.Send(p, commands.Resume())
-                        for p in self.topology.producers])
-            return {"ok": True, "message": "resumed: fetching again"}
-        return {"ok": False, "error": f"unknown command {cmd!r}"}
-
-    def _rate_limit_command(self, req: dict) -> dict:
-        """Read the pipeline's rate limit, or change it (``limit``: "N/SECONDS" or "off");
-        a change starts a fresh window at once."""
-        if "limit" in req:
-            try:
-                limit = ratelimit.parse(str(req["limit"]))
-            except ValueError as exc:
-                return {"ok": False, "error": str(exc)}
-            assert self.rate_limit is not None    # made before the control socket
-            self.rate_limit.set(limit)
-            log.info("rate limit %s (offbroadway rate-limit)",
-                     f"{limit[0]} messages per {limit[1]:g}s" if limit else "off")
-        return {"ok": True, "rate_limit": ratelimit.describe(self._rate_bucket())}
-
     def status(self) -> dict:
-        """``{"pipeline": NAME, "tree": NODE}`` per the interface contract (§10)."""
-        tree = self.root.snapshot()
-        tree["children"].append({
-            "id": "terminator", "kind": "worker", "strategy": None, "pid": None,
-            "state": "draining" if self.terminator.draining else "running", "restarts": 0,
-            "children": []})
-        self._decorate(tree)
+        """``{"pipeline": NAME, "tree": NODE}`` per the interface contract (§10), and the
+        daemon's own figures (:mod:`.status`)."""
+        draining = self.terminator.draining
+        tree = self.board.tree(self.root.snapshot(), "draining" if draining else "running")
         producers = self.topology.producers
         return {"pipeline": self.config.pipeline.name, "tree": tree,
-                "draining": self.terminator.draining, "paused": self.paused,
-                "rate_limit": ratelimit.describe(self._rate_bucket()),
+                "draining": draining, "paused": self.operator.paused,
+                "rate_limit": ratelimit.describe(self.rate_bucket()),
                 "stopping": self._stop.is_set(), "pid": os.getpid(),
                 "uptime": time.time() - self.started_at,
-                "acked": self.totals.sum(producers, "acked"),
-                "failed": self.totals.sum(producers, "failed"),
-                "failed_to": self._failed_to(),
-                "sources_down": self._sources_down()}
-
-    def _decorate(self, node: dict) -> None:
-        stats = self.stats.get(node["id"])
-        if stats is not None:
-            node["messages"] = {k: v for k, v in stats.items() if k != "at"}
-        pid = node.get("pid")
-        if pid:
-            # the Spark wrapper's JVM is its child: the row shows the whole process tree
-            usage = metrics.process_usage(pid, tree=node["id"] == self.topology.spark)
-            if usage is not None:
-                node["rss_bytes"], node["cpu_seconds"] = usage
-        for child in node.get("children", []):
-            self._decorate(child)
+                "acked": self.board.sum(producers, "acked"),
+                "failed": self.board.sum(producers, "failed"),
+                "failed_to": self.board.failed_to(),
+                "sources_down": self.board.sources_down()}
 
 
 class _Stopped(Exception):
     """A stop began in the middle of a resize: the tree stops as it is."""
-
-
-def _walk(node: dict):
-    yield node
-    for child in node.get("children", []):
-        yield from _walk(child)
 
 
 def _workers(node: Any) -> list:

@@ -2,8 +2,9 @@
 
 Stages write their counters, gauges and histograms into ``PROMETHEUS_MULTIPROC_DIR``
 (``offbroadway.stages.metrics``); the daemon aggregates them at scrape time and adds what
-only it knows, computed fresh per scrape from the supervision tree and psutil: children up,
-restarts, RSS and CPU per child.  The directory is wiped when the daemon starts (files of
+only it knows, computed fresh per scrape from the supervision tree and psutil
+(:func:`.status.usage`, the walk ``status`` uses too): children up, restarts, RSS and CPU
+per child.  The directory is wiped when the daemon starts (files of
 a previous run would otherwise be summed in) and a dead child's live gauges are removed
 with ``mark_process_dead``.  The listener binds 127.0.0.1 unless the config says otherwise.
 
@@ -24,9 +25,9 @@ import threading
 from typing import Any, Callable, Iterator
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-import psutil
 from offbroadway.stages.metrics import MULTIPROC_ENV
 
+from . import status
 from .spark import SPARK_CHILD_ID
 
 log = logging.getLogger("offbroadway.daemon.metrics")
@@ -41,30 +42,6 @@ def prepare_dir(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
     os.makedirs(path, mode=0o700)
     os.environ[MULTIPROC_ENV] = path
-
-
-def process_usage(pid: int, *, tree: bool = False) -> tuple[int, float] | None:
-    """(RSS bytes, CPU seconds) of a child process, or None if it is gone.
-
-    With ``tree``, its descendants are added: the Spark child is a thin wrapper whose JVM
-    (the memory an operator cares about) is its child process.
-    """
-    try:
-        procs = [psutil.Process(pid)]
-        if tree:
-            procs += procs[0].children(recursive=True)
-    except psutil.Error:
-        return None
-    rss, cpu_s = 0, 0.0
-    for proc in procs:
-        try:
-            with proc.oneshot():
-                rss += proc.memory_info().rss
-                t = proc.cpu_times()
-                cpu_s += t.user + t.system
-        except psutil.Error:
-            continue
-    return rss, cpu_s
 
 
 class TreeCollector:
@@ -89,19 +66,14 @@ class TreeCollector:
                                   "CPU time (user + system) of a child process's current "
                                   "incarnation.", labels=("pipeline", "child"))
 
-        def walk(node: dict) -> None:
+        tree = self.snapshot()
+        for node in status.nodes(tree):
             labels = (self.pipeline, node["id"], node["kind"])
             up.add_metric(labels, 1.0 if node["state"] == "running" else 0.0)
             restarts.add_metric(labels, float(node.get("restarts", 0)))
-            pid = node.get("pid")
-            usage = process_usage(pid, tree=node["id"] == SPARK_CHILD_ID) if pid else None
-            if usage is not None:
-                rss.add_metric((self.pipeline, node["id"]), float(usage[0]))
-                cpu.add_metric((self.pipeline, node["id"]), usage[1])
-            for child in node.get("children", []):
-                walk(child)
-
-        walk(self.snapshot())
+        for node, (rss_bytes, cpu_seconds) in status.usage(tree, SPARK_CHILD_ID):
+            rss.add_metric((self.pipeline, node["id"]), float(rss_bytes))
+            cpu.add_metric((self.pipeline, node["id"]), cpu_seconds)
         yield from (up, restarts, rss, cpu)
 
 

@@ -24,7 +24,7 @@ takes what it held with it, so the producers hand everything in flight back to t
   :class:`Restarting` brings the same single requeue, without blame.
 * **Poison blame.**  A processor that died on its own names what it was running (its blame
   record); the requeue carries it to the producer that emitted it
-  (:class:`~offbroadway.stages.commands.CrashBlame`), and ``hold_suspects`` keeps suspects
+  (:class:`~offbroadway.stages.commands.CrashBlame`), and ``quarantine`` keeps suspects
   back until every processor is up again (``release_suspects``).
 * **A resize is no crash.**  The new topology is taken at once (:meth:`Reactions.adopt`);
   a stage the resize removes drains itself first and says ``left``
@@ -35,8 +35,9 @@ takes what it held with it, so the producers hand everything in flight back to t
   (``StageSpec.upstream``) that are up; restarting ones subscribe on their own when they
   start (in a processor cascade the batchers restart after the processors).
 
-The shell (:mod:`.app`) reads the blame record, sends the commands and logs the ones a stage
-could not take.
+The shell (:mod:`.app`) reads the blame record (:func:`.poison.read_blame`), sends the
+commands and logs the ones a stage could not take; the poison state of a cascade is
+:class:`.poison.Quarantine`.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from offbroadway.supervision import ChildExited, ChildStarted, Restarting
 from offbroadway.supervision.spec import ChildSpec, SupervisorSpec, WorkerSpec
 from offbroadway.supervision.strategy import affected
 
+from .poison import Quarantine
 from .topology import Topology
 
 
@@ -113,20 +115,6 @@ def cascade(tree: Tree, child_id: str) -> list[str]:
     return tree.workers(affected(parent.strategy, [c.id for c in parent.children], node))
 
 
-def crash_blames(child_id: str, how: str, record: Blame | None
-                 ) -> dict[int, commands.CrashBlame]:
-    """A dead processor's blame record, per producer index, as each producer's requeue
-    carries it."""
-    if record is None:
-        return {}
-    by_producer: dict[int, list[tuple[int, str]]] = {}
-    for s in record.suspects:
-        by_producer.setdefault(s.producer, []).append((s.token, s.id))
-    return {i: commands.CrashBlame(child_id, how, record.kind, record.frame_size,
-                                   tuple(suspects))
-            for i, suspects in by_producer.items()}
-
-
 class Reactions:
     """The state the reactions need: which stages are up, what was lost since the last
     requeue, and the poison blame that goes with it."""
@@ -134,17 +122,13 @@ class Reactions:
     def __init__(self, topology: Topology, max_crashes: int = 0) -> None:
         self.topology = topology
         self.tree = Tree(topology.root)
-        self.max_crashes = max_crashes
         self.alive: set[str] = set()
         #: downstream stages that exited since the last requeue (their messages are lost)
         self.lost: list[str] = []
-        self._blames: dict[int, commands.CrashBlame] = {}
-        self._hold_suspects = False
         #: the stages that run messages straight from the sources (the processors): the
         #: ones whose death is blamed on what they ran, and that suspects wait for
         self.blamed = {c for p in topology.sources for c in topology.consumers(p)}
-        #: those of a crash cascade not up again yet: producers hold suspects until then
-        self.awaiting: set[str] = set()
+        self.poison = Quarantine(max_crashes, self.blamed)
         #: stages a resize is removing (not in :attr:`topology` any more), with their spec
         self.leaving: dict[str, StageSpec] = {}
         #: those of them that finished leaving: their exit loses nothing
@@ -159,6 +143,7 @@ class Reactions:
             self.leaving[stage] = old.specs[stage]
         self.blamed = ({c for p in topology.sources for c in topology.consumers(p)}
                        | (self.blamed & set(self.leaving)))
+        self.poison.blamed = self.blamed
         self.topology = topology
         self.tree = Tree(topology.root)
 
@@ -199,7 +184,7 @@ class Reactions:
         if downstream and child_id not in self.lost:
             self.lost.append(child_id)
         if not expected and child_id in self.blamed:
-            self._add_blame(child_id, reason, record)
+            self.poison.crashed(child_id, reason, record)
         return []
 
     def hands_back(self, children: Iterable[str]) -> bool:
@@ -222,19 +207,16 @@ class Reactions:
             return []
         why = f"{', '.join(self.lost)} down: {reason}" if reason else \
             f"{', '.join(self.lost)} down"
+        blames, quarantine, release = self.poison.requeue(self.alive)
         out = []
         for i, p in enumerate(self.topology.producers):
             if p not in self.alive:
                 continue   # restarting too: its source takes back what it had in flight
-            out.append(Send(p, commands.Requeue(reason=why, blame=self._blames.get(i),
-                                                hold_suspects=self._hold_suspects)))
-        if self._hold_suspects:
-            # set now, not at the crash: a processor still starting when its neighbour
-            # crashed reports started before it is stopped, and must not count as back
-            self.awaiting = self.blamed - self.alive
-            if not self.awaiting:   # none restarting after all: nothing to wait for
-                out += [Send(c.stage, commands.ReleaseSuspects()) for c in out]
-        self.lost, self._blames, self._hold_suspects = [], {}, False
+            out.append(Send(p, commands.Requeue(reason=why, blame=blames.get(i),
+                                                quarantine=quarantine)))
+        if release:   # no processor restarting after all: nothing to wait for
+            out += [Send(c.stage, commands.ReleaseSuspects()) for c in out]
+        self.lost = []
         return out
 
     def started(self, child_id: str) -> list[Send]:
@@ -247,24 +229,12 @@ class Reactions:
         # a leaving stage waits for its upstreams' answers: a restarted one has none
         out += [Send(c, commands.Resubscribe(child_id)) for c, spec in self.leaving.items()
                 if child_id in spec.upstream and c in self.alive]
-        if child_id in self.awaiting:
-            self.awaiting.discard(child_id)
-            if not self.awaiting:
-                out += [Send(p, commands.ReleaseSuspects()) for p in self.topology.producers
-                        if p in self.alive]
+        if self.poison.started(child_id):
+            out += [Send(p, commands.ReleaseSuspects()) for p in self.topology.producers
+                    if p in self.alive]
         return out
 
     def operator_restart(self, child_id: str) -> str:
         """The node to restart when an operator asks for ``child_id``: the one a crash of
         ``child_id`` amounts to, so both cause the same cascade."""
         return restart_target(self.tree, child_id)
-
-    def _add_blame(self, child_id: str, reason: str, record: Blame | None) -> None:
-        if not self.max_crashes:
-            return
-        # one_for_all with max_restarts 0: every processor is about to restart
-        self._hold_suspects = True
-        for index, blame in crash_blames(child_id, reason, record).items():
-            # a second processor dying on its own in the same cascade (rare): the producer
-            # takes one blame per requeue, the first; the other message is requeued unstruck
-            self._blames.setdefault(index, blame)

@@ -27,8 +27,8 @@ flight: a Spark server's restart restarts them all), so the drain cannot end wit
 everything acked; under ``--until-idle`` the daemon runs the pipeline again (:meth:`reset`
 says which drained stages still run and must be restarted for that), otherwise it stops
 with those messages unacked at the source.  ``EXPIRED`` under ``--until-idle`` is an exit
-1: the promise "every message written and acked" was not kept.  A stage that (re)starts while draining is brought into the drain
-on its hello.
+1: the promise "every message written and acked" was not kept.  A stage that (re)starts
+while draining is brought into the drain on its hello.
 
 Before the drain, with ``--until-idle``: every source idle (:class:`Idle` reports) is the
 signal to begin; a downstream stage's exit (a crash cascade) forgets what was said, since

@@ -134,10 +134,10 @@ class Requeue(Command):
     #: the crash that lost these messages names one of this producer's (None: no blame)
     blame: CrashBlame | None = None
     #: keep suspects back until :class:`ReleaseSuspects` (the processors are restarting)
-    hold_suspects: bool = False
+    quarantine: bool = False
 
     def args(self) -> dict[str, Any]:
-        return {"reason": self.reason, "hold_suspects": self.hold_suspects,
+        return {"reason": self.reason, "quarantine": self.quarantine,
                 "blame": self.blame.to_wire() if self.blame is not None else None}
 
     @classmethod

@@ -13,7 +13,7 @@ Two ways to ask for events, chosen per stage:
   per upstream, so ``dispatcher = "demand"`` stays plain GenStage end to end, the baseline
   the benchmarks compare against.
 
-A stage may hold back asking (``can_ask``) when its own output is backed up: that is how
+A stage may stop asking (``can_ask``: back-pressure) when its own output is backed up: that is how
 back-pressure reaches the source.  An upstream that cancels with "shutdown" is done; when
 every upstream is done the stage flushes (``on_upstream_done``).  An upstream that
 restarted (it answers an ask with "unknown subscription", or the daemon says so) is
@@ -155,10 +155,10 @@ class Subscriptions:
             else:
                 up.mode = BUDGET
                 self.budget.report_busy = msg[protocol.SUBSCRIBED_POLICY] == "spread"
-                self._sync_hold()
+                self._sync_backpressure()
                 self._apply(self.budget.subscribed(up.index))
         elif kind == protocol.RETRACTED:
-            self._sync_hold()
+            self._sync_backpressure()
             self._apply(self.budget.retracted(up.index, msg[protocol.VALUE]))
 
     # -- events ---------------------------------------------------------------------------
@@ -181,7 +181,7 @@ class Subscriptions:
         if budgeted is None:
             budgeted = self.budget is not None and up.mode != CLASSIC
         if budgeted and self.budget is not None:
-            self._sync_hold()
+            self._sync_backpressure()
             self._apply(self.budget.finished(n, seconds))
             self._active()
             return
@@ -196,8 +196,8 @@ class Subscriptions:
             if up.mode == CLASSIC and up.consumed >= self.ask_every and not up.done:
                 self._send_ask(up, up.consumed)
                 up.consumed = 0
-        if self.budget is not None and self.budget.hold:
-            self._apply(self.budget.set_hold(False))
+        if self.budget is not None and self.budget.backpressured:
+            self._apply(self.budget.set_backpressure(False))
 
     def cancelled(self, up: Upstream, reason: str) -> None:
         if up.done:
@@ -210,7 +210,7 @@ class Subscriptions:
         else:
             up.done = True
             if self.budget is not None:
-                self._sync_hold()
+                self._sync_backpressure()
                 self._apply(self.budget.done(up.index))
 
     def leave(self) -> None:
@@ -285,7 +285,7 @@ class Subscriptions:
                 up.sock.send(frame, zmq.NOBLOCK)
                 self.sent["frames"] += 1
             self.counters["returned"] += len(evs)
-            self._sync_hold()
+            self._sync_backpressure()
             self._apply(budget.returned(len(evs)))
 
     # -- idleness -------------------------------------------------------------------------
@@ -308,7 +308,7 @@ class Subscriptions:
             self._armed_at = self._activity
             self.call_later(IDLE_AFTER, self._check_idle)
             return
-        self._sync_hold()
+        self._sync_backpressure()
         self._apply(budget.idle())
         if budget.needs_rotation and not self._rotating:
             self._rotating = True
@@ -319,15 +319,15 @@ class Subscriptions:
         if budget is None or not budget.is_idle or not budget.needs_rotation:
             self._rotating = False
             return
-        self._sync_hold()
+        self._sync_backpressure()
         self._apply(budget.rotate())
         self.call_later(ROTATE_EVERY, self._rotate)
 
     # -- frames ---------------------------------------------------------------------------
-    def _sync_hold(self) -> None:
-        """Back-pressure is the stage's to judge; the budget asks nothing while it holds."""
+    def _sync_backpressure(self) -> None:
+        """Back-pressure is the stage's to judge; the budget asks nothing while it is on."""
         if self.budget is not None:
-            self.budget.hold = self.leaving or not self.can_ask()
+            self.budget.backpressured = self.leaving or not self.can_ask()
 
     def _apply(self, actions: list[Action]) -> None:
         for kind, i, n in actions:

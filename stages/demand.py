@@ -105,7 +105,7 @@ class DemandBudget:
         self.held = 0
         self.is_idle = True
         #: back-pressure from the stage's own output: ask nothing, retracting is fine
-        self.hold = False
+        self.backpressured = False
         self.offset = index * max_demand
         self.received_total = 0
         #: events received beyond what was out (only a dead producer's frames can do that)
@@ -285,9 +285,9 @@ class DemandBudget:
         self.offset += self.max_demand
         return self._rebalance() if self.is_idle else []
 
-    def set_hold(self, hold: bool) -> list[Action]:
-        self.hold = hold
-        return [] if hold else self._place()
+    def set_backpressure(self, on: bool) -> list[Action]:
+        self.backpressured = on
+        return [] if on else self._place()
 
     # -- views ----------------------------------------------------------------------------
     @property
@@ -353,7 +353,7 @@ class DemandBudget:
         targets = self.targets()
         acts = [self._retract(i, self._ups[i].out - want) for i, want in targets.items()
                 if not self._ups[i].retracting and self._ups[i].out > want]
-        if not self.hold:
+        if not self.backpressured:
             acts += self._fill(targets, self.free)
         return acts
 
@@ -397,7 +397,7 @@ class DemandBudget:
             acts = [self._retract(i) for i, u in enumerate(ups)
                     if u.out and not u.retracting and u.touched <= stale and u.state == LIVE]
         acts += self._trim()
-        if self.hold:
+        if self.backpressured:
             return acts
         want = self.prefetch()
         # work in hand and on order stays within the prefetch (and the budget)

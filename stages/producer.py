@@ -6,13 +6,9 @@ When the daemon reports that a stage downstream died, everything still in flight
 back to the source (``requeue``): at-least-once, so a SIGKILL anywhere loses nothing.
 
 Poison messages: when a processor died unexpectedly, the daemon names with the requeue
-what that processor was running (:mod:`.blame`).  The producer counts those crashes per
-message id (:mod:`.strikes`); a message that reaches ``max_crashes`` is not run again on
-its next delivery but emitted already failed, so it takes the ordinary failure path
-(``handle_failed``, then the source's ``fail``: dead-letter) and the pipeline keeps
-flowing.  A message with a crash against it is sent to a processor alone in its frame,
-and the messages of a ``prepare_messages`` frame that died are all sent alone next time,
-so the next crash names one message, never an innocent neighbour.
+what that processor was running; :mod:`.poison` decides what follows (a message that
+reached ``max_crashes`` is emitted already failed, a suspect is sent alone in its frame),
+this module only sends.
 
 Tokens start at the incarnation's start time in nanoseconds, so an ack for a message of a
 previous incarnation can never name a message of this one.
@@ -35,11 +31,11 @@ from .dispatch import (
 from .downstream import Downstream
 from .handler import load_handler
 from .inflight import InFlightTable
+from .poison import PoisonGuard
 from .ratelimit import SharedRateLimit
 from .sources import get_source
 from .spec import StageSpec
 from .stage import Stage
-from .strikes import DEFAULT_CAP, StrikeTable
 
 log = logging.getLogger("offbroadway.producer")
 
@@ -76,15 +72,8 @@ class ProducerStage(Stage):
         self._acks: list = []
         self._fails: list = []
         self.next_token = self.first_token = time.time_ns()
-        #: crashes blamed per message id; ``max_crashes`` of them make a message poison
-        self.strikes = StrikeTable(limit=spec.max_crashes)
-        #: ids of a prepare_messages frame that died: each goes alone next time
-        self.isolate: set[str] = set()
-        #: token -> id of emitted messages that are struck or isolated (to forget on settle)
-        self._watch: dict[int, str] = {}
-        #: a processor died: suspects wait for the restarted processors (``release``), or a
-        #: sibling about to be terminated would run them and its death would count for nothing
-        self._hold = False
+        #: crashes blamed per message, suspects and their quarantine (:mod:`.poison`)
+        self.poison = PoisonGuard(spec.max_crashes)
         self.draining = False
         self.paused = False
         self._retry_pending = False
@@ -124,7 +113,7 @@ class ProducerStage(Stage):
         connected = src.get("state", "connected") == "connected"
         s.update(inflight=len(self.inflight), buffered=len(self.buffer),
                  demand=self.dispatcher.demand, draining=self.draining, paused=self.paused,
-                 suspects=len(self.strikes) + len(self.isolate), source=src,
+                 suspects=len(self.poison), source=src,
                  source_connected=int(connected))
         return s
 
@@ -171,8 +160,9 @@ class ProducerStage(Stage):
             self.buffer = back + self.buffer
 
     def _settle(self, ok: list, failed: list) -> None:
-        if self._watch:
-            self._forget_settled(ok, failed)
+        if self.poison.watch:
+            self.counters["poison_failed"] += self.poison.settled(
+                ok, failed, self.inflight.__contains__)
         if self._failed:
             self._forget_failed(ok, failed)
         handles, failures = self.inflight.settle(ok, failed)
@@ -234,17 +224,23 @@ class ProducerStage(Stage):
             for i, error in enumerate(errors):
                 if error is not None:
                     failed[first + i] = error
-        if self.strikes or self.isolate:
-            self._mark_suspects(events)
+        if self.poison.active:
+            self.poison.mark(events, self._failed)
         return events
 
     def _dispatch(self, events: list[list]) -> list[list]:
-        held: list[list] = []
-        if self._watch:
-            events, held = self._dispatch_alone(events)
+        kept: list[list] = []
+        if self.poison.watch:
+            # suspects to run go in frames of their own, so that if one kills its
+            # processor again the blame names it alone (none while quarantined)
+            events, alone, kept = self.poison.split(events, self._failed)
+            for ev in alone:
+                left, sent = self.downstream.deliver_frames([ev], self._frames)
+                self.counters["out"] += sent
+                kept.extend(left)
         leftovers, sent = self.downstream.deliver_frames(events, self._frames)
         self.counters["out"] += sent
-        return held + leftovers if held else leftovers
+        return kept + leftovers if kept else leftovers
 
     def _frames(self, share: list[list]) -> list[tuple[bytes, list]]:
         """A consumer's share as EVENTS frames: one in the common case; with failed
@@ -278,59 +274,7 @@ class ProducerStage(Stage):
                 evs, lambda e, status=status: protocol.events(e, status)))
         return out
 
-    # -- poison messages ------------------------------------------------------------------------
-    def _mark_suspects(self, events: list[list]) -> None:
-        """Redelivered suspects: watched until settled; poison ones emitted already failed."""
-        strikes, isolate, watch, failed = self.strikes, self.isolate, self._watch, self._failed
-        for ev in events:
-            msg_id = protocol.event_id(ev)
-            if msg_id in strikes or msg_id in isolate:
-                token = protocol.event_token(ev)
-                watch[token] = msg_id
-                if token not in failed:
-                    verdict = strikes.verdict(msg_id)
-                    if verdict is not None:
-                        failed[token] = verdict
-
-    def _dispatch_alone(self, events: list[list]) -> tuple[list[list], list[list]]:
-        """Suspects still to be run go in frames of their own, so that if one kills its
-        processor again the blame names it alone; while ``_hold``, not at all.  Returns
-        (the others, to dispatch as usual; the suspects not sent)."""
-        watch, failed, token_of = self._watch, self._failed, protocol.event_token
-        if not any(token_of(ev) in watch and token_of(ev) not in failed for ev in events):
-            return events, []
-        rest: list[list] = []
-        held: list[list] = []
-        for ev in events:
-            if token_of(ev) in watch and token_of(ev) not in failed:
-                if self._hold:
-                    held.append(ev)
-                    continue
-                left, sent = self.downstream.deliver_frames([ev], self._frames)
-                self.counters["out"] += sent
-                held.extend(left)
-            else:
-                rest.append(ev)
-        return rest, held
-
-    def _forget_settled(self, ok: list, failed: list) -> None:
-        """Settled suspects are done with: their crash counts go (bounded memory).  A
-        poison message is counted here, once, when its failure settles (it may be emitted
-        failed more than once if a requeue overtakes it)."""
-        watch = self._watch
-        fails = [f[0] for f in failed if isinstance(f, (list, tuple)) and f]
-        for t in list(ok) + fails:
-            try:
-                msg_id = watch.pop(t, None)
-            except TypeError:         # an unhashable token off the wire
-                continue
-            if msg_id is None:
-                continue
-            if t in fails and t in self.inflight and self.strikes.verdict(msg_id):
-                self.counters["poison_failed"] += 1
-            self.strikes.forget(msg_id)
-            self.isolate.discard(msg_id)
-
+    # -- failed events ------------------------------------------------------------------------
     def _forget_failed(self, ok: list, failed: list) -> None:
         """Settled failed events need no status any more (bounded memory)."""
         statuses = self._failed
@@ -352,35 +296,25 @@ class ProducerStage(Stage):
                 and self.first_token <= token < self.next_token)
 
     def _blame(self, blame: commands.CrashBlame) -> None:
-        """A processor died running messages of ours: strike the one it was running, or
-        isolate the frame it was preparing."""
-        if not self.strikes.limit:
+        """A processor died running messages of ours: :mod:`.poison` decides, this logs."""
+        verdict = self.poison.blame(blame, self._ours)
+        if verdict is None:
             return
         child, how = blame.child, blame.how
-        suspects = [(t, i) for t, i in blame.suspects if self._ours(t)]
-        if not suspects:
+        if verdict.what == "isolated":
+            log.warning("%s: %s %s in prepare_messages of a frame of %s messages; they are "
+                        "requeued and each runs alone next time, to find the one at fault",
+                        self.id, child, how, blame.frame_size)
             return
-        frame_size = blame.frame_size
-        if blame.kind == "handle_message" or (len(suspects) == 1 and frame_size == 1):
-            msg_id = suspects[0][1]
-            n = self.strikes.strike(msg_id, child, how)
-            self.counters["poison_strikes"] += 1
-            verdict = self.strikes.verdict(msg_id)
-            if verdict is not None:
-                log.error("%s: message %s is poison: it killed a processor %d times (last: "
-                          "%s %s); it is failed (dead-lettered) instead of run again",
-                          self.id, msg_id, n, child, how)
-            else:
-                log.warning("%s: message %s was running when %s %s (crash %d of %d allowed); "
-                            "requeued, it will run alone", self.id, msg_id, child, how, n,
-                            self.strikes.limit)
-            return
-        if len(self.isolate) + len(suspects) > DEFAULT_CAP:
-            self.isolate.clear()
-        self.isolate.update(i for _, i in suspects)
-        log.warning("%s: %s %s in prepare_messages of a frame of %s messages; they are "
-                    "requeued and each runs alone next time, to find the one at fault",
-                    self.id, child, how, frame_size)
+        self.counters["poison_strikes"] += 1
+        if verdict.what == "poison":
+            log.error("%s: message %s is poison: it killed a processor %d times (last: "
+                      "%s %s); it is failed (dead-lettered) instead of run again",
+                      self.id, verdict.msg_id, verdict.crashes, child, how)
+        else:
+            log.warning("%s: message %s was running when %s %s (crash %d of %d allowed); "
+                        "requeued, it will run alone", self.id, verdict.msg_id, child, how,
+                        verdict.crashes, self.poison.strikes.limit)
 
     # -- drain, requeue and idleness ------------------------------------------------------------
     def _maybe_cancel_consumers(self) -> None:
@@ -442,17 +376,15 @@ class ProducerStage(Stage):
         """A stage downstream died: whatever it held is lost, so hand it all back.
 
         ``blame``: what the dead processor was running, if it died unexpectedly (see
-        :mod:`.blame`); ``hold_suspects``: keep suspects back until ``release_suspects``
+        :mod:`.poison`); ``quarantine``: keep suspects back until ``release_suspects``
         (the processors are restarting).
         """
         if command.blame is not None:
             self._blame(command.blame)
-        if command.hold_suspects:
-            self._hold = True
-        self._watch.clear()        # every watched token is requeued now; ids stay struck
-        self._failed.clear()       # and every failed one: the source has them back
+        self.poison.requeued(command.quarantine)
+        self._failed.clear()       # every failed one is requeued: the source has them back
         # buffered events are in flight too: the source has them back, so sending them
-        # now would run them twice (and a held suspect, no longer watched, unisolated)
+        # now would run them twice (and a kept-back suspect, no longer watched, unisolated)
         self.buffer = []
         handles = self.inflight.take_all()
         if handles:
@@ -464,6 +396,6 @@ class ProducerStage(Stage):
 
     def _on_release_suspects(self, _: commands.ReleaseSuspects) -> None:
         """The processors are back after a crash: suspects may run again (one per frame)."""
-        self._hold = False
+        self.poison.release()
         self.pump()
 

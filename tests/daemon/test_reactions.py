@@ -82,7 +82,8 @@ def test_one_requeue_per_producer_per_crash_cascade(crashed: str) -> None:
     requeues = [c for c in cmds if c.command.NAME == "requeue"]
     assert _names(requeues) == Counter({(p, "requeue"): 1 for p in r.topology.producers})
     # sent once the last member exited, before any member started again
-    first_start = next((i for i, c in enumerate(cmds) if c.command.NAME == "resubscribe"), len(cmds))
+    first_start = next((i for i, c in enumerate(cmds) if c.command.NAME == "resubscribe"),
+                       len(cmds))
     assert all(cmds.index(c) < first_start for c in requeues)
 
 
@@ -94,7 +95,8 @@ def test_exits_send_nothing_the_restart_sends_one_requeue() -> None:
         if sid != "processor_default_1":
             assert r.exited(sid, expected=True) == []
     cmds = r.restarting("PipelineSupervisor", ("ProcessorSupervisor", "BatchersSupervisor"))
-    assert [(c.stage, c.command.NAME) for c in cmds] == [(p, "requeue") for p in r.topology.producers]
+    assert [(c.stage, c.command.NAME) for c in cmds] == \
+        [(p, "requeue") for p in r.topology.producers]
     assert "processor_default_1" in cmds[0].command.reason
     # a retry of the same plan (a failed start) has lost nothing new: no second requeue
     assert r.restarting("PipelineSupervisor", ("ProcessorSupervisor",)) == []
@@ -141,7 +143,7 @@ def test_an_operator_restart_and_a_crash_of_the_same_child_cause_the_same_cascad
         b = _crash_cascade(op, child, operator=True)
         assert _names(a) == _names(b)
         def shape(cmds):   # the reason's wording names the exits in their order
-            return [(c.stage, type(c.command), getattr(c.command, "hold_suspects", None),
+            return [(c.stage, type(c.command), getattr(c.command, "quarantine", None),
                      getattr(c.command, "blame", None)) for c in cmds]
         assert shape(a) == shape(b)
     # the processor's operator restart goes through ProcessorSupervisor, so the batchers
@@ -157,7 +159,7 @@ def test_blame_and_hold_ride_on_the_single_requeue_and_release_follows_the_resta
     cmds = _crash_cascade(r, "processor_default_2", record=record)
     requeues = {c.stage: c.command for c in cmds if c.command.NAME == "requeue"}
     assert set(requeues) == {"producer_0", "producer_1"}
-    assert all(a.hold_suspects for a in requeues.values())
+    assert all(a.quarantine for a in requeues.values())
     assert requeues["producer_0"].blame is None
     assert requeues["producer_1"].blame.suspects == ((1234, "m-7"),)
     # the producers know the limit from their spec (no longer with each requeue)

@@ -30,6 +30,9 @@ def test_begin_tells_sources_to_shut_down_and_their_consumers_not_to_resubscribe
         [(p, commands.NoResubscribe) for p in t.processors]
         + [(p, commands.Shutdown) for p in t.producers])
     assert term.draining and term.phase is Phase.FINISHING and not term.ended
+    assert term.drained == set(t.processors + t.producers)
+    term.exited("processor_default_1")          # its successor starts undrained
+    assert term.drained == set(t.processors + t.producers) - {"processor_default_1"}
 
 
 def test_the_drain_waits_for_every_finisher_then_every_source() -> None:

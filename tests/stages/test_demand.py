@@ -158,7 +158,7 @@ class Net:
         done, self.held[c] = self.held[c][:k], self.held[c][k:]
         for _, e in done:
             self.handled[e] += 1
-        self.budgets[c].hold = False
+        self.budgets[c].backpressured = False
         self.send(c, self.budgets[c].finished(k))
 
     def shed(self, c: int) -> None:
@@ -184,7 +184,7 @@ class Net:
         self.send(c, self.budgets[c].rotate())
 
     def hold(self, c: int, on: bool) -> None:
-        self.send(c, self.budgets[c].set_hold(on))
+        self.send(c, self.budgets[c].set_backpressure(on))
 
     def kill_consumer(self, c: int) -> None:
         """The process dies: what it held and what was on the wire to it goes back to its

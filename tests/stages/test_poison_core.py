@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from offbroadway import Message
 from offbroadway.stages import blame
-from offbroadway.stages.strikes import StrikeTable
+from offbroadway.stages.poison import StrikeTable
 
 
 def test_a_message_is_poison_at_the_limit_and_not_before() -> None:
@@ -159,3 +159,57 @@ def test_a_torn_packed_record_blames_nobody_or_parses(body: bytes, n: int, index
     raw = head.ljust(blame.SIZE, b"\0") + blame.PACKED.pack(n, index) + body
     got = blame.parse(raw)
     assert got is None or len(got.suspects) == 1
+
+
+def test_the_guard_strikes_isolates_quarantines_and_forgets() -> None:
+    """The producer's poison core (:class:`PoisonGuard`) on the typed blame the daemon
+    sends: a handle_message crash strikes its message; a redelivered suspect runs alone,
+    or is kept back while quarantined; at the limit it is emitted failed; settling forgets
+    it and counts the poison once."""
+    from offbroadway.stages import protocol
+    from offbroadway.stages.commands import CrashBlame
+    from offbroadway.stages.poison import PoisonGuard
+
+    guard = PoisonGuard(max_crashes=2)
+    ours = {10, 11, 12}.__contains__
+    crash = CrashBlame("processor_default_0", "killed by SIGSEGV", "handle_message", 1,
+                       ((11, "m-b"), (99, "not-ours")))
+    verdict = guard.blame(crash, ours)
+    assert verdict is not None and (verdict.what, verdict.msg_id, verdict.crashes) == \
+        ("struck", "m-b", 1)
+    assert guard.blame(CrashBlame("p", "x", "handle_message", 1, ((99, "m-z"),)), ours) is None
+    guard.requeued(quarantine=True)
+
+    events = protocol.new_events(0, 20, [("m-a", {}, {}, "h"), ("m-b", {}, {}, "h"),
+                                         ("m-c", {}, {}, "h")])
+    failed: dict[int, str] = {}
+    assert guard.active
+    guard.mark(events, failed)
+    assert guard.watch == {21: "m-b"} and failed == {}
+    rest, alone, kept = guard.split(events, failed)
+    assert [protocol.event_id(e) for e in rest] == ["m-a", "m-c"]
+    assert alone == [] and [protocol.event_id(e) for e in kept] == ["m-b"]
+    guard.release()
+    rest, alone, kept = guard.split(events, failed)
+    assert [protocol.event_id(e) for e in alone] == ["m-b"] and kept == []
+
+    # the second crash on it: poison, emitted failed on its next delivery
+    verdict = guard.blame(CrashBlame("processor_default_1", "exited with code 3",
+                                     "handle_message", 1, ((12, "m-b"),)), ours)
+    assert verdict is not None and verdict.what == "poison" and verdict.crashes == 2
+    guard.requeued(quarantine=False)
+    again = protocol.new_events(0, 30, [("m-b", {}, {}, "h")])
+    guard.mark(again, failed)
+    assert failed[30].startswith("poison message: killed a processor 2 times")
+    rest, alone, kept = guard.split(again, failed)
+    assert len(rest) == 1 and alone == [] and kept == []      # failed: not run, not alone
+    assert guard.settled([], [[30, failed[30]]], lambda t: True) == 1
+    assert not guard.active and guard.watch == {} and len(guard) == 0
+
+    # a prepare_messages frame: every message of ours isolated, none struck
+    verdict = guard.blame(CrashBlame("processor_default_0", "killed", "prepare_messages", 3,
+                                     ((10, "m-x"), (11, "m-y"))), ours)
+    assert verdict is not None and verdict.what == "isolated"
+    assert guard.isolate == {"m-x", "m-y"} and not guard.strikes
+    # off (max_crashes 0): nothing recorded
+    assert PoisonGuard(max_crashes=0).blame(crash, ours) is None

@@ -1,0 +1,115 @@
+"""The operator's verbs on the control socket: status, stop, restart, drain, resume, reload,
+rate-limit, scale.
+
+:mod:`.control` carries the requests (one JSON object per connection); this module
+answers them, one method per verb (:data:`Operator.VERBS`), acting on the daemon through
+what it already exposes: the supervision tree, the reactions (an operator's restart is the
+cascade a crash would be), the hub's commands and the reload.  A new verb is a method and
+a line in ``VERBS``.  Every answer is ``{"ok": bool, ...}``; a refusal says why in one line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from offbroadway.stages import commands, ratelimit
+from offbroadway.supervision import SupervisionError
+
+from .reactions import Send
+from .status import TERMINATOR, nodes
+
+if TYPE_CHECKING:
+    from .app import Daemon
+
+log = logging.getLogger("offbroadway.daemon")
+
+Answer = dict
+
+
+class Operator:
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        #: drained by ``offbroadway drain``: producers fetch nothing until ``resume``
+        self.paused = False
+
+    async def handle(self, req: dict) -> Answer:
+        verb = self.VERBS.get(str(req.get("cmd")))
+        if verb is None:
+            return {"ok": False, "error": f"unknown command {req.get('cmd')!r}"}
+        return await verb(self, req)
+
+    async def status(self, req: dict) -> Answer:
+        return {"ok": True, "status": self.daemon.status()}
+
+    async def stop(self, req: dict) -> Answer:
+        self.daemon.request_stop("offbroadway stop")
+        return {"ok": True, "pid": os.getpid()}
+
+    async def restart(self, req: dict) -> Answer:
+        d = self.daemon
+        child_id = str(req.get("child", ""))
+        if child_id == TERMINATOR:
+            return {"ok": False, "error": "terminator runs inside the daemon; nothing to restart"}
+        if d.root.find(child_id) is None:
+            ids = [n["id"] for n in nodes(d.root.snapshot())][1:]
+            return {"ok": False, "error": f"no child with id {child_id!r}; children: "
+                    f"{', '.join(ids)}"}
+        if child_id in d._leaving:
+            return {"ok": False, "error": f"{child_id} is leaving the pipeline (a resize "
+                    f"removes it); nothing to restart"}
+        # the same cascade as a crash of child_id (a processor's restart goes through
+        # ProcessorSupervisor, so the batchers restart too), with one requeue
+        try:
+            await d.root.restart_subtree_or_child(d.reactions.operator_restart(child_id))
+        except SupervisionError as exc:   # stopping, or a supervisor already gave up
+            return {"ok": False, "error": f"cannot restart {child_id}: {exc}"}
+        return {"ok": True}
+
+    async def drain(self, req: dict) -> Answer:
+        if self.paused:
+            return {"ok": True, "message": "already drained: nothing is fetched until resume"}
+        self.paused = True
+        log.info("drain requested: producers stop fetching, what is in flight finishes; "
+                 "resume to fetch again")
+        t = self.daemon.topology
+        self.daemon.send([Send(p, commands.Pause()) for p in t.producers] +
+                         [Send(b, commands.Flush()) for b in t.batchers])
+        return {"ok": True, "message": "draining: nothing new is fetched until resume"}
+
+    async def resume(self, req: dict) -> Answer:
+        if not self.paused:
+            return {"ok": True, "message": "nothing to resume: the pipeline was not drained"}
+        self.paused = False
+        log.info("resume requested: producers fetch again")
+        self.daemon.send([Send(p, commands.Resume()) for p in self.daemon.topology.producers])
+        return {"ok": True, "message": "resumed: fetching again"}
+
+    async def reload(self, req: dict) -> Answer:
+        return await self.daemon.reload("offbroadway reload")
+
+    async def scale(self, req: dict) -> Answer:
+        """``offbroadway scale processors N`` / ``batch_processors KEY N`` (:mod:`.resize`)."""
+        return await self.daemon.scale(req.get("args"))
+
+    async def rate_limit(self, req: dict) -> Answer:
+        """Read the pipeline's rate limit, or change it (``limit``: "N/SECONDS" or "off");
+        a change starts a fresh window at once."""
+        d = self.daemon
+        if "limit" in req:
+            try:
+                limit = ratelimit.parse(str(req["limit"]))
+            except ValueError as exc:
+                return {"ok": False, "error": str(exc)}
+            assert d.rate_limit is not None    # made before the control socket
+            d.rate_limit.set(limit)
+            log.info("rate limit %s (offbroadway rate-limit)",
+                     f"{limit[0]} messages per {limit[1]:g}s" if limit else "off")
+        return {"ok": True, "rate_limit": ratelimit.describe(d.rate_bucket())}
+
+    #: the control socket's ``cmd`` -> its method
+    VERBS: dict[str, Callable[[Operator, dict], Awaitable[Answer]]] = {
+        "status": status, "stop": stop, "restart": restart, "drain": drain,
+        "resume": resume, "reload": reload, "rate_limit": rate_limit, "scale": scale}

@@ -1,0 +1,124 @@
+"""What the daemon knows of its stages, in one place: their last reports, the totals, the
+tree as ``status`` shows it, and each child's memory and CPU (psutil).
+
+The stages report their counters to the hub (:class:`~offbroadway.stages.commands.Stats`,
+``Done``, ``Settled``); :class:`Board` keeps the last report of each and the totals over
+restarts (:mod:`.totals`), and reads from them what ``status``, the end-of-run lines and
+the "waiting for its source" notice need.  :func:`usage` is the one psutil walk: ``status``
+adds its figures to each node, ``/metrics`` (:mod:`.metrics`) exports them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import psutil
+
+from .topology import Topology
+from .totals import StageTotals
+
+#: the terminator's node in ``status``: it runs inside the daemon (interface contract §10)
+TERMINATOR = "terminator"
+
+
+def process_usage(pid: int, *, tree: bool = False) -> tuple[int, float] | None:
+    """(RSS bytes, CPU seconds) of a child process, or None if it is gone.
+
+    With ``tree``, its descendants are added: the Spark child is a thin wrapper whose JVM
+    (the memory an operator cares about) is its child process.
+    """
+    try:
+        procs = [psutil.Process(pid)]
+        if tree:
+            procs += procs[0].children(recursive=True)
+    except psutil.Error:
+        return None
+    rss, cpu_s = 0, 0.0
+    for proc in procs:
+        try:
+            with proc.oneshot():
+                rss += proc.memory_info().rss
+                t = proc.cpu_times()
+                cpu_s += t.user + t.system
+        except psutil.Error:
+            continue
+    return rss, cpu_s
+
+
+def nodes(tree: dict) -> Iterator[dict]:
+    """Every node of a tree snapshot, depth first, the root first."""
+    yield tree
+    for child in tree.get("children", []):
+        yield from nodes(child)
+
+
+def usage(tree: dict, spark_id: str | None) -> Iterator[tuple[dict, tuple[int, float]]]:
+    """(node, (RSS bytes, CPU seconds)) for every node that is a live process; the Spark
+    child's row counts its JVM too."""
+    for node in nodes(tree):
+        pid = node.get("pid")
+        if pid:
+            figures = process_usage(pid, tree=node["id"] == spark_id)
+            if figures is not None:
+                yield node, figures
+
+
+class Board:
+    """The stages' last reports and the totals over their restarts."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        #: stage id -> its last report's counters, with ``at`` (when it came)
+        self.stats: dict[str, dict] = {}
+        self.totals = StageTotals()
+
+    def record(self, stage_id: str, stats: dict) -> None:
+        self.stats[stage_id] = {**stats, "at": time.time()}
+        self.totals.report(stage_id, stats)
+
+    def sum(self, stages: list[str], key: str) -> int:
+        return self.totals.sum(stages, key)
+
+    def source(self, producer: str) -> dict:
+        """The source's figures as ``producer`` last reported them ({} if none)."""
+        src = self.stats.get(producer, {}).get("source")
+        return src if isinstance(src, dict) else {}
+
+    def all_reported(self) -> bool:
+        return all(p in self.stats for p in self.topology.producers)
+
+    def sources_down(self) -> list[str]:
+        """``producer_i: state (last error)`` for each source that is not connected."""
+        out = []
+        for p in self.topology.producers:
+            stats = self.stats.get(p)
+            if stats is None or stats.get("source_connected", 1):
+                continue
+            src = self.source(p)
+            err = src.get("last_error")
+            out.append(f"{p}: {src.get('state', 'not connected')}" + (f" ({err})" if err else ""))
+        return out
+
+    def failed_to(self) -> str:
+        """Where the source puts failed messages, as its producers report it."""
+        places: list[str] = []
+        for p in self.topology.producers:
+            where = self.source(p).get("failed_to")
+            if where and where not in places:
+                places.append(where)
+        return "; ".join(places)
+
+    def tree(self, snapshot: dict, terminator_state: str) -> dict:
+        """The supervision tree as ``status`` shows it: the terminator's node, each
+        stage's last counters (``messages``) and each process's memory and CPU."""
+        snapshot["children"].append({
+            "id": TERMINATOR, "kind": "worker", "strategy": None, "pid": None,
+            "state": terminator_state, "restarts": 0, "children": []})
+        for node in nodes(snapshot):
+            stats = self.stats.get(node["id"])
+            if stats is not None:
+                node["messages"] = {k: v for k, v in stats.items() if k != "at"}
+        for node, (rss, cpu) in usage(snapshot, self.topology.spark):
+            node["rss_bytes"], node["cpu_seconds"] = rss, cpu
+        return snapshot

@@ -1,0 +1,219 @@
+"""Poison messages, the producer's side: crashes counted per message, suspects run alone.
+
+A handler that kills its processor leaves no exception to catch; the processor's blame
+record (:mod:`.blame`) names what it was running, and the daemon hands that to the
+producer that emitted it with the requeue (:class:`~.commands.CrashBlame`).  Everything the
+producer then does about it is here, pure and synchronous (ARCHITECTURE §9):
+
+* :class:`StrikeTable` counts crashes per message id (what survives a redelivery; a token
+  is per delivery); ``max_crashes`` of them make the message *poison*.
+* :class:`PoisonGuard` takes each blame (:meth:`~PoisonGuard.blame`: strike the message a
+  ``handle_message`` died on, or mark every message of a ``prepare_messages`` frame that
+  died to be *isolated*), and when suspects come back from the source
+  (:meth:`~PoisonGuard.mark`) emits a poison one already failed (so it takes the ordinary
+  failure path: ``handle_failed``, then the source's dead-letter) and has the others sent
+  alone in their frame (:meth:`~PoisonGuard.split`), so the next crash names one message,
+  never an innocent neighbour.  While the processors restart after a crash the suspects
+  are *quarantined*: kept back until the daemon's ``release_suspects``, or a sibling about
+  to be terminated would run them and its death would count for nothing.
+
+Memory is bounded twice: an id is forgotten as soon as its message settles (acked or
+failed), and past ``cap`` ids the oldest are dropped, so ids whose messages never come
+back (expired at the broker, taken by another consumer) cannot grow the table.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import protocol
+from .commands import CrashBlame
+
+DEFAULT_CAP = 10_000
+
+
+@dataclass
+class Record:
+    crashes: int
+    child: str
+    how: str
+
+
+class StrikeTable:
+    """message id → crashes blamed on it; ``limit`` crashes make a message poison.
+
+    ``limit`` 0 turns the table off: nothing is recorded and nothing is ever poison.
+    """
+
+    def __init__(self, limit: int = 3, cap: int = DEFAULT_CAP) -> None:
+        if limit < 0 or cap < 1:
+            raise ValueError(f"limit must be >= 0 and cap >= 1 (got {limit}, {cap})")
+        self.limit = limit
+        self.cap = cap
+        self._table: OrderedDict[str, Record] = OrderedDict()
+        #: ids dropped because the table was full (an operator sees it in status)
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def __bool__(self) -> bool:
+        return bool(self._table)
+
+    def __contains__(self, msg_id: object) -> bool:
+        try:
+            return msg_id in self._table
+        except TypeError:
+            return False
+
+    def crashes(self, msg_id: str) -> int:
+        rec = self._table.get(msg_id)
+        return rec.crashes if rec is not None else 0
+
+    def strike(self, msg_id: str, child: str, how: str) -> int:
+        """One more crash blamed on ``msg_id`` (of ``child``, ended ``how``): the count."""
+        if not self.limit:
+            return 0
+        rec = self._table.get(msg_id)
+        if rec is None:
+            rec = self._table[msg_id] = Record(0, child, how)
+            while len(self._table) > self.cap:
+                self._table.popitem(last=False)
+                self.evicted += 1
+        else:
+            self._table.move_to_end(msg_id)
+        rec.crashes += 1
+        rec.child, rec.how = child, how
+        return rec.crashes
+
+    def verdict(self, msg_id: str) -> str | None:
+        """The failure reason if ``msg_id`` is poison (``limit`` crashes or more), else None."""
+        rec = self._table.get(msg_id)
+        if rec is None or not self.limit or rec.crashes < self.limit:
+            return None
+        times = "once" if rec.crashes == 1 else f"{rec.crashes} times"
+        return f"poison message: killed a processor {times} (last: {rec.child} {rec.how})"
+
+    def forget(self, msg_id: str) -> None:
+        """The message settled: its crashes no longer matter."""
+        self._table.pop(msg_id, None)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a blame did, for the producer's log line: ``struck`` a message (``poison`` when
+    that was its last allowed crash), or ``isolated`` a frame's messages."""
+
+    what: str
+    msg_id: str = ""
+    crashes: int = 0
+
+
+class PoisonGuard:
+    """The producer's poison state: strikes, isolated ids, emitted suspects, quarantine."""
+
+    def __init__(self, max_crashes: int, cap: int = DEFAULT_CAP) -> None:
+        self.strikes = StrikeTable(limit=max_crashes, cap=cap)
+        #: ids of a prepare_messages frame that died: each goes alone next time
+        self.isolate: set[str] = set()
+        #: token -> id of emitted messages that are struck or isolated (to forget on settle)
+        self.watch: dict[int, str] = {}
+        #: suspects are kept back until the daemon's ``release_suspects``
+        self.quarantine = False
+        self.cap = cap
+
+    def __len__(self) -> int:
+        """Suspects known (struck or isolated ids)."""
+        return len(self.strikes) + len(self.isolate)
+
+    @property
+    def active(self) -> bool:
+        """Whether new events must be looked at (:meth:`mark`): false in the common case."""
+        return bool(self.strikes) or bool(self.isolate)
+
+    def blame(self, blame: CrashBlame, ours: Callable[[object], bool]) -> Verdict | None:
+        """A processor died running messages of ours (``ours(token)``: issued by this
+        incarnation): strike the one it was running, or isolate the frame it was
+        preparing.  None when nothing of ours was named (or poison handling is off)."""
+        if not self.strikes.limit:
+            return None
+        suspects = [(t, i) for t, i in blame.suspects if ours(t)]
+        if not suspects:
+            return None
+        if blame.kind == "handle_message" or (len(suspects) == 1 and blame.frame_size == 1):
+            msg_id = suspects[0][1]
+            n = self.strikes.strike(msg_id, blame.child, blame.how)
+            poison = self.strikes.verdict(msg_id) is not None
+            return Verdict("poison" if poison else "struck", msg_id, n)
+        if len(self.isolate) + len(suspects) > self.cap:
+            self.isolate.clear()
+        self.isolate.update(i for _, i in suspects)
+        return Verdict("isolated")
+
+    def mark(self, events: list[list], failed: dict[int, str]) -> None:
+        """Events fetched again: suspects among them are watched until settled, and poison
+        ones marked failed (``failed``: token -> why, the producer's)."""
+        strikes, isolate, watch = self.strikes, self.isolate, self.watch
+        for ev in events:
+            msg_id = protocol.event_id(ev)
+            if msg_id in strikes or msg_id in isolate:
+                token = protocol.event_token(ev)
+                watch[token] = msg_id
+                if token not in failed:
+                    verdict = strikes.verdict(msg_id)
+                    if verdict is not None:
+                        failed[token] = verdict
+
+    def split(self, events: list[list], failed: dict[int, str]
+              ) -> tuple[list[list], list[list], list[list]]:
+        """(the others, dispatched as usual; suspects to run, each alone in its frame;
+        suspects kept back by the quarantine).  Failed suspects are not run: they go with
+        the others."""
+        watch = self.watch
+        token_of = protocol.event_token
+        if not any(token_of(ev) in watch and token_of(ev) not in failed for ev in events):
+            return events, [], []
+        rest: list[list] = []
+        alone: list[list] = []
+        for ev in events:
+            token = token_of(ev)
+            if token in watch and token not in failed:
+                alone.append(ev)
+            else:
+                rest.append(ev)
+        if self.quarantine:
+            return rest, [], alone
+        return rest, alone, []
+
+    def settled(self, ok: list, failed: list, in_flight: Callable[[object], bool]) -> int:
+        """Settled suspects are done with: their crash counts go (bounded memory).  Returns
+        how many poison messages this settles as failed (counted here, once: one may be
+        emitted failed more than once if a requeue overtakes it)."""
+        watch = self.watch
+        fails = [f[0] for f in failed if isinstance(f, (list, tuple)) and f]
+        poison = 0
+        for t in list(ok) + fails:
+            try:
+                msg_id = watch.pop(t, None)
+            except TypeError:         # an unhashable token off the wire
+                continue
+            if msg_id is None:
+                continue
+            if t in fails and in_flight(t) and self.strikes.verdict(msg_id):
+                poison += 1
+            self.strikes.forget(msg_id)
+            self.isolate.discard(msg_id)
+        return poison
+
+    def requeued(self, quarantine: bool) -> None:
+        """Everything in flight went back to the source: no emitted token is watched any
+        more (the ids stay struck); ``quarantine`` while the processors restart."""
+        self.watch.clear()
+        if quarantine:
+            self.quarantine = True
+
+    def release(self) -> None:
+        """The processors are back: suspects may run again (one per frame)."""
+        self.quarantine = False
