@@ -223,7 +223,7 @@ class Subscriptions:
         self.leaving = True
         self.resubscribe = False
         if self.budget is not None:
-            self.budget.hold = True
+            self.budget.backpressured = True
         for up in self.upstreams:
             if not up.done:
                 up.sock.send(protocol.cancel("leaving"), zmq.NOBLOCK)

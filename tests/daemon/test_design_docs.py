@@ -1,0 +1,38 @@
+"""docs/design.md's module map matches the tree: every module of api/, supervision/,
+stages/ and daemon/ has its line (a package may have one line for the whole folder), and
+every line names a module that exists."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+FOLDERS = ("api", "supervision", "stages", "daemon")
+
+
+def _map() -> list[str]:
+    text = (ROOT / "docs" / "design.md").read_text()
+    block = text.split("## Module map", 1)[1].split("```", 2)[1]
+    entries, folder = [], ""
+    for line in block.splitlines():
+        top = re.match(r"^([a-z_]+)/\s", line)
+        if top:
+            folder = top.group(1)
+            continue
+        entry = re.match(r"^  ([a-z_/]+(?:\.py|/))\s", line)
+        if entry:
+            entries.append(f"{folder}/{entry.group(1)}")
+    return entries
+
+
+def test_every_module_has_a_line_and_every_line_a_module() -> None:
+    entries = _map()
+    packages = [e for e in entries if e.endswith("/")]
+    for e in entries:
+        assert (ROOT / e).exists(), f"docs/design.md's module map names {e}, which is gone"
+    modules = sorted(str(p.relative_to(ROOT)) for folder in FOLDERS
+                     for p in (ROOT / folder).rglob("*.py") if p.stat().st_size)
+    missing = [m for m in modules
+               if m not in entries and not any(m.startswith(p) for p in packages)]
+    assert not missing, f"modules without a line in docs/design.md's module map: {missing}"
