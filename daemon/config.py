@@ -383,7 +383,7 @@ def socket_paths(config: Config) -> dict[str, str]:
     from .control import CONTROL_SOCKET
     from .topology import build
 
-    topo = build(config)
+    topo = build(config, sized=False)
     rdir = config.runtime.dir
     out = {os.path.join(rdir, CONTROL_SOCKET): "runtime.dir",
            os.path.join(rdir, f"{HUB}.sock"): "runtime.dir"}

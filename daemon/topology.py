@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from offbroadway.daemon.config import BatcherConfig, Config, batch_demand
+from offbroadway.stages.sources import sized_options
 from offbroadway.stages.spec import PROCESSOR_KEY, STAGE_ENV, StageSpec
 from offbroadway.supervision.child import GUARD_SIGNAL
 from offbroadway.supervision.spec import (
@@ -49,9 +50,6 @@ from offbroadway.supervision.spec import (
 WORKER_ARGV = (sys.executable, "-m", "offbroadway.stages.worker")
 SPARK_ARGV = (sys.executable, "-m", "offbroadway.stages.spark_server")
 SPARK_TOKEN_ENV = "OFFBROADWAY_SPARK_TOKEN"
-AMQP_MAX_PREFETCH = 65535   # basic.qos prefetch_count is a 16-bit field
-#: sources whose window of unsettled messages is sized by :func:`auto_prefetch`
-PREFETCH_SOURCES = ("rabbitmq", "nats")
 
 
 @dataclass
@@ -124,32 +122,35 @@ def batch_processor_demand(b: BatcherConfig, spark: dict | None) -> int:
 
 
 def auto_prefetch(config: Config) -> int:
-    """Per-producer prefetch that never starves the topology (the seeds' pitfall).
+    """What the stages downstream of one producer can hold: the window a broker source's
+    prefetch must allow so the topology never starves (the seeds' pitfall).
 
     Every processor can hold ``max_demand`` messages and every batcher a batch in the
     making plus what its batch processors ask for; whatever the broker holds back beyond
     what the prefetch allows is demand that waits for nothing.  Split over the producers,
-    rounded up.
+    rounded up.  The source decides what to make of it
+    (:meth:`offbroadway.stages.sources.base.Source.sized_options`).
     """
     proc = config.processors[PROCESSOR_KEY]
     need = proc.concurrency * proc.max_demand + sum(
         (b.batch_size if not b.batch_bytes else b.upstream_demand)
         * (1 + b.concurrency * batch_processor_demand(b, config.spark))
         for b in config.batchers.values())
-    return min(AMQP_MAX_PREFETCH, max(1, math.ceil(need / config.producer.concurrency)))
+    return max(1, math.ceil(need / config.producer.concurrency))
 
 
 def build(config: Config, *, stage_env: Callable[[str], dict[str, str]] | None = None,
           spark_child: WorkerSpec | None = None,
           batch_processor_env: Callable[[], dict[str, str]] | None = None,
-          spark_settings: dict | None = None) -> Topology:
+          spark_settings: dict | None = None, sized: bool = True) -> Topology:
     """Turn a validated config into the supervision tree.
 
     ``stage_env(stage_id)`` adds environment for every stage (metrics dir, log settings);
     ``spark_child`` is the local Spark server's worker spec (None: no local server);
     ``batch_processor_env()`` is evaluated at each committer start (the Spark token of the
     current server incarnation); ``spark_settings`` (None: no Spark sink) is handed to the
-    committers' Spark sink.
+    committers' Spark sink.  ``sized=False`` leaves the source's options as configured
+    (validation: only the tree's shape is wanted, and sizing imports the source).
     """
     p = config.pipeline
     rt = config.runtime
@@ -179,8 +180,9 @@ def build(config: Config, *, stage_env: Callable[[str], dict[str, str]] | None =
 
     batcher_keys = tuple(config.batchers)
     source_options = dict(config.producer.options)
-    if config.producer.source in PREFETCH_SOURCES:
-        source_options["auto_prefetch"] = auto_prefetch(config)
+    if sized:
+        source_options = sized_options(config.producer.source, source_options,
+                                       auto_prefetch(config))
     n_producers = config.producer.concurrency
     topo.producers = [f"producer_{i}" for i in range(n_producers)]
     topo.processors = [f"processor_{PROCESSOR_KEY}_{i}" for i in range(proc.concurrency)]

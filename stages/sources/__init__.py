@@ -12,11 +12,13 @@ Besides the built-in names, ``source = "package.module:ClassName"`` loads a user
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 from .base import Failure, Item, Source, SourceOptionError
 
 __all__ = ["REQUIRED_METHODS", "Failure", "Item", "Source", "SourceOptionError",
-           "UnknownSourceError", "get_source", "known_sources", "missing_methods"]
+           "UnknownSourceError", "get_source", "known_sources", "missing_methods",
+           "sized_options"]
 
 # name → "module (relative to this package):ClassName"
 _REGISTRY: dict[str, str] = {
@@ -81,6 +83,18 @@ def get_source(name: str) -> type[Source]:
             f"{', '.join(missing)} (a source implements {', '.join(REQUIRED_METHODS)}; see "
             f"docs/sources.md, 'Your own source')")
     return cls
+
+
+def sized_options(name: str, options: dict[str, Any], capacity: int) -> dict[str, Any]:
+    """``options`` as the source ``name`` sizes them for a topology that holds ``capacity``
+    messages per producer (:meth:`.base.Source.sized_options`).  A source that cannot be
+    loaded gets its options as they are: :func:`get_source`'s error is the producer's (and
+    ``check``'s) to report, in its own words."""
+    try:
+        cls = get_source(name)
+    except (ImportError, UnknownSourceError):
+        return dict(options)
+    return cls.sized_options(options, capacity)
 
 
 #: what a source must implement itself (the rest of :class:`Source` has working defaults)

@@ -59,6 +59,10 @@ class Source(abc.ABC):
     #: option names the source accepts; others are rejected with an error naming them.
     #: ``None`` disables the check (for sources that pass options through to a client).
     known_options: frozenset[str] | None = frozenset()
+    #: the option that bounds this source's window of delivered, unsettled messages
+    #: (RabbitMQ's ``prefetch_count``), or None for a source without one.  A source with a
+    #: window accepts ``auto_prefetch``: see :meth:`sized_options`.
+    window_option: str | None = None
 
     def __init__(self, options: Mapping[str, Any], *, pipeline: str = "", producer_index: int = 0,
                  producer_count: int = 1, state_dir: str = "") -> None:
@@ -82,6 +86,24 @@ class Source(abc.ABC):
         """
         if cls.known_options is not None:
             check_known_options(cls.name or cls.__name__, options, cls.known_options)
+
+    @classmethod
+    def sized_options(cls, options: Mapping[str, Any], capacity: int) -> dict[str, Any]:
+        """The options a producer runs with, given the topology around it: the stages
+        downstream of one producer can hold ``capacity`` messages (processors' demand,
+        batches in the making and asked for), split over the producers.
+
+        The daemon asks every source this; a source whose window of unsettled messages
+        limits what it delivers (a broker's prefetch) must let at least that many out, or
+        processors starve waiting for deliveries the broker holds back (the seeds'
+        prefetch pitfall).  The default: a source with a :attr:`window_option` gets
+        ``auto_prefetch = capacity``, which its ``"auto"`` window stands for (clamped to
+        what its protocol can say); others run with their options as they are.
+        """
+        out = dict(options)
+        if cls.window_option is not None:
+            out["auto_prefetch"] = capacity
+        return out
 
     @classmethod
     def preflight(cls, options: Mapping[str, Any]) -> list[str]:

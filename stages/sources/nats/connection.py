@@ -3,7 +3,7 @@
 nats-py is asyncio-only and the producer's loop is a synchronous poller, so the client
 lives in a thread of its own (as pika does for the ``rabbitmq`` source).  The producer
 thread talks to it only through :meth:`JetStreamPuller.post` (a deque plus
-``call_soon_threadsafe``) and receives messages through the :class:`~.mailbox.Mailbox`.
+``call_soon_threadsafe``) and receives messages through the :class:`~..mailbox.Mailbox`.
 
 What the thread does:
 
@@ -43,7 +43,7 @@ from nats.js import api
 
 from ...redact import mask_url
 from ..base import Item, oversized
-from .mailbox import Mailbox
+from ..mailbox import Mailbox
 from .settings import MAX_PULL_BATCH, NatsSettings
 
 log = logging.getLogger("offbroadway.sources.nats")

@@ -1,7 +1,7 @@
 """The ``nats`` source: a durable pull consumer on one JetStream stream (nats-py).
 
 The producer-thread face of the source: it validates options, starts the I/O thread
-(:mod:`.connection`), hands out what the thread pulled (:mod:`.mailbox`) and forwards
+(:mod:`.connection`), hands out what the thread pulled (:mod:`..mailbox`) and forwards
 settles.  Message id: the publisher's ``Nats-Msg-Id`` header when set (JetStream's own
 de-duplication id), else ``<stream>:<stream sequence>``, stable across redeliveries.
 ``message.data`` is the body (bytes).
@@ -19,8 +19,8 @@ from typing import Any
 
 from ...redact import mask_url
 from ..base import Failure, Item, Source
+from ..mailbox import Mailbox
 from .connection import JetStreamPuller
-from .mailbox import Mailbox
 from .settings import DEFAULT_PREFETCH, KNOWN_OPTIONS, NAME, NatsSettings, parse_options
 
 log = logging.getLogger("offbroadway.sources.nats")
@@ -32,6 +32,7 @@ class NatsSource(Source):
 
     name = NAME
     known_options = KNOWN_OPTIONS
+    window_option = "prefetch"
 
     def __init__(self, options: Mapping[str, Any], **kwargs: Any) -> None:
         super().__init__(options, **kwargs)

@@ -1,0 +1,77 @@
+"""A RabbitMQ delivery as the producer's item: message id, body, metadata and handle.
+
+Runs once per message in the I/O thread, so it is kept lean: the AMQP properties are read
+from pika's instance dict in one pass (pika sets all of them, unset ones ``None``) and only
+values msgpack cannot carry as they are (pika decodes timestamps, decimals) are converted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from typing import Any, NamedTuple
+
+from ..base import Item, oversized
+
+_BASIC_PROPERTIES = ("content_type", "content_encoding", "delivery_mode", "priority",
+                     "correlation_id", "reply_to", "expiration", "message_id", "timestamp",
+                     "type", "user_id", "app_id", "cluster_id")
+_PROPERTY_NAMES = frozenset(_BASIC_PROPERTIES) | {"headers"}
+_PLAIN = frozenset({str, bytes, bool, int, float})
+
+
+class RabbitMQHandle(NamedTuple):
+    """What the producer keeps per message: enough to settle it on the right channel."""
+
+    incarnation: int
+    tag: int
+    redelivered: bool
+
+
+def packable(value: Any) -> Any:
+    """AMQP table values as msgpack can carry them (pika decodes some to Python types)."""
+    if value is None or isinstance(value, (str, bytes, bool, int, float)):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): packable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [packable(v) for v in value]
+    if isinstance(value, datetime):
+        # AMQP timestamps are whole seconds since the epoch; pika gives naive UTC datetimes
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return int(value.timestamp())
+    if isinstance(value, (Decimal, date)):
+        return str(value)
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    return str(value)
+
+
+def to_item(method: Any, props: Any, body: bytes, *, queue: str, incarnation: int,
+            session: str, max_bytes: int) -> Item:
+    """The item of one delivery.  Message id: the AMQP ``message_id`` when the publisher
+    set one (duplicates after a redelivery can be recognised downstream), else
+    ``"<delivery tag>@<session>.<incarnation>"``, unique per delivery.  A body over
+    ``max_bytes`` is left with the broker: the item carries the failure in
+    ``metadata["error"]`` and no body, and the failure policy dead-letters it whole."""
+    tag = method.delivery_tag
+    redelivered = bool(method.redelivered)
+    meta: dict[str, Any] = {
+        "queue": queue, "routing_key": method.routing_key,
+        "exchange": method.exchange, "delivery_tag": tag, "redelivered": redelivered}
+    wanted = _PROPERTY_NAMES
+    for name, value in vars(props).items():
+        if value is not None and name in wanted:
+            meta[name] = value if value.__class__ in _PLAIN else packable(value)
+    headers = meta.pop("headers", None)
+    if headers:
+        meta["headers"] = headers
+    msg_id = props.message_id or f"{tag}@{session}.{incarnation}"
+    data: bytes | None = body
+    if len(body) > max_bytes:
+        meta["error"] = oversized(len(body), max_bytes)
+        meta["body_bytes"] = len(body)
+        data = None
+    return msg_id, data, meta, RabbitMQHandle(incarnation, tag, redelivered)

@@ -1,0 +1,56 @@
+"""The idle probe: when may the ``rabbitmq`` source say its queue is exhausted?
+
+``--until-idle`` drains once every source is exhausted, so "nothing buffered" is not
+enough: a delivery may be on its way.  The queue counts as empty after two passive
+``queue.declare`` probes in a row answered 0 with no delivery in between (one alone can
+overtake a delivery already sent).  Probes run only while the producer asks
+(:meth:`IdleProbe.asked`), so a source nobody asks costs the broker nothing.  Pure: the
+I/O thread sends the probe and reports the answer.
+"""
+
+from __future__ import annotations
+
+#: seconds between probes while the producer asks
+PROBE_INTERVAL = 0.1
+#: the producer's last question counts this long
+ASKED_WINDOW = 2.0
+
+
+class IdleProbe:
+    def __init__(self, interval: float = PROBE_INTERVAL) -> None:
+        self.interval = interval
+        #: set by the producer thread (one assignment), read by the I/O thread
+        self.asked_at = 0.0
+        #: set by the I/O thread, read by the producer thread
+        self.empty_confirmed = False
+        self._zero_probes = 0
+        self._next = 0.0
+
+    def asked(self, now: float) -> None:
+        self.asked_at = now
+
+    def delivered(self) -> None:
+        """A delivery came (or the connection is new): nothing is confirmed."""
+        self.empty_confirmed = False
+        self._zero_probes = 0
+
+    def due(self, now: float, *, paused: bool, buffered: int) -> bool:
+        """Whether to probe now; when it says so, the next probe is an interval away."""
+        if now < self._next or now - self.asked_at > ASKED_WINDOW or paused:
+            return False
+        if buffered:
+            self._zero_probes = 0
+            return False
+        self._next = now + self.interval
+        return True
+
+    def answered(self, message_count: int, *, delivered_meanwhile: bool) -> None:
+        if message_count == 0 and not delivered_meanwhile:
+            self._zero_probes += 1
+        else:
+            self._zero_probes = 0
+        self.empty_confirmed = self._zero_probes >= 2
+
+    def failed(self) -> None:
+        """The probe itself failed (the queue is gone): nothing is confirmed."""
+        self.empty_confirmed = False

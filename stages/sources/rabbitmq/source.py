@@ -1,0 +1,220 @@
+"""The ``rabbitmq`` source as the producer drives it: a consumer on one RabbitMQ queue
+(AMQP 0-9-1, through pika).
+
+RabbitMQ pushes (seed 001): once subscribed, the broker sends up to ``prefetch_count``
+unacknowledged deliveries and then waits for acks.  So, like BroadwayRabbitMQ, this source
+ignores demand on the broker side and lets the prefetch window be the back-pressure: the
+deliveries are buffered (never more than the window) in a :class:`~..mailbox.Mailbox` and
+handed to the producer as its consumers ask (:meth:`RabbitMQSource.fetch`).  The I/O
+thread (:mod:`.connection`) owns the connection; this side only hands out deliveries and
+queues the producer's settlements for it.
+
+The mailbox's eventfd is what :meth:`~RabbitMQSource.fileno` returns.  It is written only
+when the producer is known to want more (its last fetch came back short), so a producer
+with no demand is never woken in a loop; a wake-up the producer did not consume (it had no
+demand after all) is withdrawn after :data:`WAKE_LEASE` and offered again with a growing
+delay, up to :data:`WAKE_RETRY_MAX`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ...redact import describe_error, mask_url
+from ..base import Failure, Item, Source
+from ..mailbox import Mailbox
+from .connection import Consumer
+from .settings import (
+    AMQP_MAX_PREFETCH,
+    DEFAULT_PREFETCH,
+    DEFAULT_URL,
+    KNOWN_OPTIONS,
+    NAME,
+    RabbitMQSettings,
+    parse_options,
+)
+
+log = logging.getLogger("offbroadway.sources.rabbitmq")
+
+#: how long a wake-up may sit unconsumed before it is withdrawn, and the longest pause
+#: before offering it again
+WAKE_LEASE = 0.02
+WAKE_RETRY_MAX = 0.5
+
+
+class RabbitMQSource(Source):
+    """Consumes one queue; deliveries are buffered (bounded by the prefetch window) and
+    handed out by :meth:`fetch`; the producer polls :meth:`fileno`.
+
+    ``message.data`` is the body (bytes); ``metadata`` has ``routing_key``, ``exchange``,
+    ``delivery_tag``, ``redelivered``, ``queue``, ``headers`` and every AMQP property that
+    is set (:mod:`.delivery`).
+    """
+
+    name = NAME
+    known_options = KNOWN_OPTIONS
+    window_option = "prefetch_count"
+
+    def __init__(self, options: Mapping[str, Any], **kwargs: Any) -> None:
+        super().__init__(options, **kwargs)
+        settings = parse_options(self.options)
+        self.url_masked = mask_url(settings.url)
+        # unique per process and connection incarnation, for message ids without message_id
+        session = (f"{socket.gethostname()}.{os.getpid()}.{self.producer_index}."
+                   f"{time.time_ns() // 1_000_000 % 10**10:x}")
+        self._io = Consumer(settings, session=session, pipeline=self.pipeline,
+                            producer_index=self.producer_index)
+        self._mailbox: Mailbox | None = None
+        self.fetched = 0
+
+    @property
+    def settings(self) -> RabbitMQSettings:
+        """The options in force (the I/O thread's: a resize changes the window)."""
+        return self._io.settings
+
+    @classmethod
+    def preflight(cls, options: Mapping[str, Any]) -> list[str]:
+        url = mask_url(str(options.get("url", DEFAULT_URL)))
+        return [f"RabbitMQ at {url} is not contacted by check: whether it is reachable, and "
+                f"the stream/queue usable, shows only when the daemon runs"]
+
+    @classmethod
+    def validate_options(cls, options: Mapping[str, Any]) -> None:
+        super().validate_options(options)
+        parse_options(options)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def open(self) -> None:
+        """Start the I/O thread and wait for its first connection attempt.
+
+        A configuration error the broker reports (unknown queue, access refused, wrong
+        credentials) raises here, so a bad config fails at start with the broker's words.
+        A broker that is merely unreachable does not: the source keeps retrying with
+        backoff and ``stats()`` shows ``state = "reconnecting"``.
+        """
+        if self._mailbox is not None:
+            return
+        self._mailbox = Mailbox(lease=WAKE_LEASE, retry_max=WAKE_RETRY_MAX)
+        io = self._io
+        io.start(self._mailbox)
+        if io.fatal is not None:
+            io.stop()
+            self._mailbox.close()
+            self._mailbox = None
+            raise RuntimeError(f"rabbitmq source: cannot consume queue "
+                               f"{self.settings.queue!r} at {self.url_masked}: "
+                               f"{describe_error(io.fatal, self.settings.url)}") from io.fatal
+        s = self.settings
+        if s.prefetch_auto and "auto_prefetch" not in self.options:
+            log.warning("rabbitmq source: prefetch_count is \"auto\" but the daemon passed no "
+                        "auto_prefetch; using %d, which starves processors if processors x "
+                        "max_demand (+ what batchers hold) is larger", DEFAULT_PREFETCH)
+        log.info("rabbitmq source: queue %r at %s (prefetch %d%s, on_failure %s): %s",
+                 s.queue, self.url_masked, s.prefetch_count,
+                 " auto" if s.prefetch_auto else "", s.on_failure, io.state)
+
+    def close(self) -> None:
+        """Flush pending acks, hand unfetched deliveries back, close the connection.
+
+        Whatever was fetched and not settled stays unacked and the broker redelivers it
+        when the connection closes (at-least-once).
+        """
+        mailbox = self._mailbox
+        if mailbox is None:
+            return
+        if not self._io.stop():
+            log.warning("rabbitmq source: I/O thread did not stop in time")
+        # closed under the mailbox's lock: an I/O thread that outlived the join must not
+        # write to a closed (and perhaps reused) fd
+        mailbox.close()
+        self._mailbox = None
+        self._io.state = "closed"
+
+    def fileno(self) -> int | None:
+        return self._mailbox.fileno() if self._mailbox is not None else None
+
+    # -- the message flow ------------------------------------------------------------------------
+    def fetch(self, n: int) -> list[Item]:
+        """Hand out up to ``n`` buffered deliveries; a short answer arms the wake-up fd.
+
+        ``fetch(0)`` only consumes a pending wake-up (a producer with no demand may call it
+        so its poller does not keep reporting the fd readable).
+        """
+        if self._mailbox is None:
+            return []
+        out = self._mailbox.take(n, want_more=not self._io.paused)
+        self.fetched += len(out)
+        return out
+
+    def ack(self, handles: list[Any]) -> None:
+        if handles:
+            self._io.command("ack", handles)
+
+    def fail(self, failures: list[Failure]) -> None:
+        if failures:
+            self._io.command("fail", failures)
+
+    def requeue(self, handles: list[Any]) -> None:
+        if handles:
+            self._io.command("requeue", handles)
+
+    def exhausted(self) -> bool:
+        """Nothing buffered and the broker confirmed the queue has no ready message
+        (:mod:`.probe`)."""
+        io = self._io
+        io.probe.asked(time.monotonic())
+        if self._mailbox is not None and len(self._mailbox):
+            return False
+        return io.state == "connected" and io.probe.empty_confirmed
+
+    def retry_after(self) -> float:
+        return 1.0   # push source: the fd wakes the producer, this is never the clock
+
+    def pause(self) -> None:
+        """Stop the broker pushing (basic.cancel) and give unfetched deliveries back.
+
+        Drain and operator pause: the queue's other consumers (another daemon) get those
+        messages at once instead of after this one closes.
+        """
+        self._io.paused = True
+        if self._mailbox is not None:
+            self._mailbox.disarm()
+        self._io.command("pause", None)
+
+    def resume(self) -> None:
+        self._io.paused = False
+        self._io.command("resume", None)
+
+    def set_window(self, prefetch: int) -> None:
+        """A resize changed the auto window: ``basic.qos`` again on the I/O thread (the
+        broker applies it to deliveries from then on; a reconnect uses it too).  An
+        explicit ``prefetch_count`` is kept as given."""
+        if self.settings.prefetch_auto:
+            self._io.command("window", max(1, min(prefetch, AMQP_MAX_PREFETCH)))
+
+    def stats(self) -> dict[str, Any]:
+        s, io = self.settings, self._io
+        settle = io.settle
+        return {
+            "source": self.name, "state": io.state, "url": self.url_masked,
+            "failed_to": s.failed_to(),
+            "queue": s.queue, "prefetch_count": s.prefetch_count,
+            "prefetch_auto": s.prefetch_auto, "on_failure": s.on_failure,
+            "fetched": self.fetched, "acked": settle.acked, "failed": settle.failed,
+            "rejected": settle.rejected, "failure_requeued": settle.failure_requeued,
+            "requeued": settle.requeued,
+            "buffered": len(self._mailbox) if self._mailbox is not None else 0,
+            "unacked": len(settle.open_tags), "acks_pending": len(settle.unsent),
+            "ack_frames": settle.ack_frames,
+            "deliveries": io.deliveries,
+            "redelivered": io.redelivered, "stale": settle.stale,
+            "dropped_on_loss": io.dropped_on_loss, "returned": io.returned,
+            "reconnects": io.reconnects, "oversized": io.oversized,
+            "max_message_bytes": s.max_message_bytes,
+            "incarnation": io.incarnation, "paused": io.paused,
+            "last_error": io.last_error}
