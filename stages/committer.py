@@ -208,7 +208,11 @@ class CommitterStage(Stage):
         if not job:
             return
         try:
-            self.sink.commit(self.spec.batcher, pa.concat_tables([h.table for h in job]))
+            # one chunk: Spark handles a table of many 2,000-row record batches at about
+            # half the speed of the same rows in one (measured with 50k-row jobs: 15-24k
+            # against 31-37k rows/s); the copy costs the committer ~1 ms per 50k rows
+            self.sink.commit(self.spec.batcher,
+                             pa.concat_tables([h.table for h in job]).combine_chunks())
             return
         except CommitFailed as exc:
             if not exc.permanent or len(job) == 1:
