@@ -187,7 +187,7 @@ def spec_tree(config_path: str) -> Any:
     if config.spark is not None:
         p = plan(config.spark, runtime_dir=config.runtime.dir,
                  state_dir=config.runtime.state_dir)
-        kwargs.update(spark_child=p.child, batch_processor_env=p.batch_processor_env,
+        kwargs.update(spark_child=p.child, committer_env=p.committer_env,
                       spark_settings=p.settings)
     return topology.build(config, **kwargs).root
 

@@ -221,13 +221,12 @@ def _collect(proc: subprocess.Popen) -> dict[str, Any]:
 
 
 def start_server(root: Path) -> tuple[subprocess.Popen, dict[str, str], int, float]:
+    from offbroadway.daemon.config import SparkConfig
     from offbroadway.daemon.spark import plan
     from offbroadway.supervision.child import NOTIFY_FD_ENV
 
-    cfg = {"master": "local[2]", "remote": "", "output": str(root / "out"), "format": "parquet",
-           "partition_by": [], "schema": "", "port": 0, "driver_memory": "1g",
-           "write_retry_seconds": 60.0}
-    p = plan(cfg, runtime_dir=str(root), state_dir=str(root / "state"))
+    p = plan(SparkConfig(output=str(root / "out")), runtime_dir=str(root),
+             state_dir=str(root / "state"))
     assert p.child is not None
     r, w = os.pipe()
     env = {**_env(), **p.child.env(), NOTIFY_FD_ENV: str(w)}  # type: ignore[operator]
@@ -250,7 +249,7 @@ def start_server(root: Path) -> tuple[subprocess.Popen, dict[str, str], int, flo
 
     threading.Thread(target=drain, daemon=True).start()
     jvm = int((root / "state" / "spark" / "spark-connect.pid").read_text())
-    return proc, p.batch_processor_env(), jvm, ready
+    return proc, p.committer_env(), jvm, ready
 
 
 def main() -> int:

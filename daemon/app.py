@@ -124,7 +124,7 @@ class Daemon:
 
             spark = plan(self.config.spark, runtime_dir=rt.dir, state_dir=rt.state_dir,
                          log_env=self._stage_env("spark"))
-            kwargs.update(spark_child=spark.child, batch_processor_env=spark.batch_processor_env,
+            kwargs.update(spark_child=spark.child, committer_env=spark.committer_env,
                           spark_settings=spark.settings)
         self._build_kwargs = kwargs
         self.topology = self._topology_of(self.config)
@@ -645,7 +645,7 @@ class Daemon:
                 stages = [s for s in self.board.totals.stages()
                           if s.startswith(prefix) and s[len(prefix):].isdigit()]
                 rows = self.board.sum(stages, "out")
-                print(f"{name}: wrote {rows} rows to {spark['output']}/{key} ({spark['format']})",
+                print(f"{name}: wrote {rows} rows to {spark.output}/{key} ({spark.format})",
                       flush=True)
         where = self.board.failed_to() if failed else ""
         print(f"{name}: {acked} messages acked, {failed} failed"

@@ -113,8 +113,8 @@ def check_spark(config: Config) -> list[str]:
         return []
     if not _module_available("pyspark"):
         raise ConfigError("spark: pyspark is not installed (pip install 'offbroadway[spark]')")
-    if config.spark.get("remote"):
-        return [f"Spark Connect at {mask_url(config.spark['remote'])} is not contacted by "
+    if config.spark.remote:
+        return [f"Spark Connect at {mask_url(config.spark.remote)} is not contacted by "
                 f"check: whether it is reachable shows only when the daemon runs"]
     if find_java() is None:
         where = (f"JAVA_HOME={os.environ['JAVA_HOME']} has no bin/java"

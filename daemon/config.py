@@ -138,13 +138,49 @@ class RuntimeConfig:
     log_format: str = "text"
 
 
+#: Spark properties the local server's wrapper sets itself: what it binds to and who may
+#: connect (everything on 127.0.0.1, the token), and what has a key of its own here
+SPARK_OWNED_CONF = {
+    "spark.connect.grpc.binding.address": "the server binds 127.0.0.1 only",
+    "spark.connect.grpc.binding.port": "use spark.port",
+    "spark.driver.host": "the server binds 127.0.0.1 only",
+    "spark.driver.bindAddress": "the server binds 127.0.0.1 only",
+    "spark.master": "use spark.master",
+    "spark.driver.memory": "use spark.driver_memory",
+    "spark.connect.authenticate.token": "the daemon makes a fresh token at every start",
+}
+
+
+@dataclass(frozen=True)
+class SparkConfig:
+    """The ``[spark]`` section (docs/config.md): where and how the datasets are written,
+    the local Spark server (or the ``remote`` one used instead), and the group commit."""
+
+    output: str                         # absolute; one dataset per batcher under it
+    format: str = "parquet"
+    partition_by: tuple[str, ...] = ()
+    schema: str = ""                    # DDL; empty: inferred from the first batch
+    master: str = "local[2]"
+    driver_memory: str = "1g"
+    port: int = 0                       # 0: a free port at every start
+    #: extra Spark properties for the local server (flattened, values as strings)
+    conf: dict[str, str] = field(default_factory=dict)
+    remote: str = ""                    # sc://host:port: no local server
+    token_env: str = ""
+    token_file: str = ""                # absolute
+    write_retry_seconds: float = 60.0
+    write_timeout: float = 600.0
+    commit_rows: int = SPARK_COMMIT_ROWS
+    commit_interval: float = SPARK_COMMIT_INTERVAL
+
+
 @dataclass(frozen=True)
 class Config:
     pipeline: PipelineConfig
     producer: ProducerConfig
     processors: dict[str, ProcessorConfig]
     batchers: dict[str, BatcherConfig]
-    spark: dict | None
+    spark: SparkConfig | None
     metrics: MetricsConfig
     runtime: RuntimeConfig
     path: str = ""
@@ -276,34 +312,69 @@ def _batchers(t: _Table) -> dict[str, BatcherConfig]:
     return out
 
 
-def _spark(t: _Table) -> dict:
-    out = {
-        "master": t.get("master", str, "local[2]"),
-        "remote": t.get("remote", str, "", check=lambda v: None if not v or
-                        v.startswith("sc://") else "must be an sc://host:port URL"),
-        "token_env": t.get("token_env", str, ""),
-        "token_file": t.get("token_file", str, ""),
-        "output": t.get("output", str, required=True),
-        "format": t.get("format", str, "parquet", check=_one_of(SPARK_FORMATS)),
-        "partition_by": t.get("partition_by", list, []),
-        "schema": t.get("schema", str, ""),
-        "port": t.get("port", int, 0, check=lambda v: None if 0 <= v < 65536 else
-                      "must be a TCP port, or 0 to pick a free one"),
-        "driver_memory": t.get("driver_memory", str, "1g"),
-        "write_retry_seconds": t.get("write_retry_seconds", float, 60.0, check=_non_negative),
-        "write_timeout": t.get("write_timeout", float, 600.0, check=_positive),
+def _spark(t: _Table) -> SparkConfig:
+    partition_by = t.get("partition_by", list, [])
+    if not all(isinstance(c, str) for c in partition_by):
+        raise ConfigError(f"{t.key('partition_by')}: must be an array of column names")
+    token_file = t.get("token_file", str, "")
+    out = SparkConfig(
+        master=t.get("master", str, "local[2]"),
+        remote=t.get("remote", str, "", check=lambda v: None if not v or
+                     v.startswith("sc://") else "must be an sc://host:port URL"),
+        token_env=t.get("token_env", str, ""),
+        token_file=os.path.abspath(token_file) if token_file else "",
+        output=os.path.abspath(t.get("output", str, required=True)),
+        format=t.get("format", str, "parquet", check=_one_of(SPARK_FORMATS)),
+        partition_by=tuple(partition_by),
+        schema=t.get("schema", str, ""),
+        port=t.get("port", int, 0, check=lambda v: None if 0 <= v < 65536 else
+                   "must be a TCP port, or 0 to pick a free one"),
+        driver_memory=t.get("driver_memory", str, "1g"),
+        conf=_spark_conf(t),
+        write_retry_seconds=t.get("write_retry_seconds", float, 60.0, check=_non_negative),
+        write_timeout=t.get("write_timeout", float, 600.0, check=_positive),
         # group commit (stages/spark_commit.py): one Spark job per this many rows, or per
         # this many seconds of the oldest waiting batch, whichever comes first
-        "commit_rows": t.get("commit_rows", int, SPARK_COMMIT_ROWS, check=_positive),
-        "commit_interval": t.get("commit_interval", float, SPARK_COMMIT_INTERVAL,
-                                 check=_positive),
-    }
-    if not all(isinstance(c, str) for c in out["partition_by"]):
-        raise ConfigError(f"{t.key('partition_by')}: must be an array of column names")
+        commit_rows=t.get("commit_rows", int, SPARK_COMMIT_ROWS, check=_positive),
+        commit_interval=t.get("commit_interval", float, SPARK_COMMIT_INTERVAL,
+                              check=_positive))
     t.done()
-    out["output"] = os.path.abspath(out["output"])
-    if out["token_file"]:
-        out["token_file"] = os.path.abspath(out["token_file"])
+    if out.conf and out.remote:
+        raise ConfigError("spark.conf: sets the local Spark server's properties; with "
+                          "spark.remote there is none (configure the remote server itself)")
+    return out
+
+
+def _spark_conf(t: _Table) -> dict[str, str]:
+    """``conf``: Spark properties for the local server, as ``--conf key=value``.
+
+    TOML reads an unquoted ``spark.sql.shuffle.partitions = 4`` under ``[spark.conf]`` as
+    nested tables: they are flattened back into the dotted name, so both spellings work.
+    Values are strings, numbers or booleans (Spark reads them all as text).
+    """
+    raw = t.get("conf", dict, {})
+    out: dict[str, str] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        key = f"{t.key('conf')}.{prefix}"
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}", v)
+            return
+        if not prefix.startswith("spark."):
+            raise ConfigError(f"{key}: not a Spark property (they start with 'spark.')")
+        if prefix in SPARK_OWNED_CONF:
+            raise ConfigError(f"{key}: set by offbroadway itself ({SPARK_OWNED_CONF[prefix]})")
+        if isinstance(value, bool):
+            out[prefix] = "true" if value else "false"
+        elif isinstance(value, (str, int, float)):
+            out[prefix] = str(value)
+        else:
+            raise ConfigError(f"{key}: expected a string, number or boolean, got "
+                              f"{type(value).__name__}")
+
+    for k, v in raw.items():
+        walk(k, v)
     return out
 
 
@@ -425,9 +496,9 @@ def warnings(config: Config) -> list[str]:
             f"{config.pipeline.max_seconds:g}s is fewer than processors.{PROCESSOR_KEY}."
             f"max_crashes ({proc.max_crashes}): a poison message makes the daemon exit before "
             f"it is dead-lettered; use at least {proc.max_crashes + 1}")
-    if config.spark is not None and config.spark["commit_rows"] < 5000:
+    if config.spark is not None and config.spark.commit_rows < 5000:
         out.append(
-            f"spark.commit_rows: {config.spark['commit_rows']} rows per Spark job spends most "
+            f"spark.commit_rows: {config.spark.commit_rows} rows per Spark job spends most "
             f"of the time in Spark's fixed per-job cost (0.1-0.3 s); 10000 or more amortizes it")
     window_option = {"rabbitmq": "prefetch_count", "nats": "prefetch"}.get(
         config.producer.source)

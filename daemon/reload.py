@@ -18,7 +18,7 @@ so they need a restart.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import resize
@@ -108,9 +108,10 @@ def plan(old: Config, new: Config) -> Plan:
             else:
                 raise _refuse(f"{where}.{name}", value, fb[name])
     if old.spark != new.spark:
-        key = next(k for k in sorted(set(old.spark or {}) | set(new.spark or {}))
-                   if (old.spark or {}).get(k) != (new.spark or {}).get(k))
-        raise _refuse(f"spark.{key}", (old.spark or {}).get(key), (new.spark or {}).get(key))
+        was = asdict(old.spark) if old.spark else {}
+        now = asdict(new.spark) if new.spark else {}
+        key = next(k for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k))
+        raise _refuse(f"spark.{key}", was.get(key), now.get(key))
     return out
 
 

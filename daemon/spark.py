@@ -5,47 +5,39 @@ The daemon calls :func:`plan` once and hands the result to the topology builder:
 * ``child``: the local Spark Connect server's :class:`WorkerSpec` (``None`` when the config
   names a ``remote``).  Its ``env`` is a callable the supervisor evaluates at every start,
   so each incarnation gets a fresh random token (and a fresh free port when ``port = 0``).
-* ``batch_processor_env()``: evaluated at every committer start (the committers are the
-  only Spark clients; the name is historical); it hands over the *current* incarnation's
-  address and token (``OFFBROADWAY_SPARK_REMOTE``, ``OFFBROADWAY_SPARK_TOKEN``).  The
-  pipeline supervisor is ``rest_for_one`` with ``spark`` first, so a restarted server
-  restarts every committer, which then reads the new values.
-* ``settings``: the keyword arguments of :class:`offbroadway.stages.spark_sink.SparkSink`
-  (minus ``writer_id``/``on_wait``) plus the committer's ``commit_rows`` and
-  ``commit_interval``, JSON-serialisable and token-free: it travels in the stage spec,
-  which is visible in ``/proc/<pid>/environ`` and may end up in logs.
+* ``committer_env()``: evaluated at every committer start (the committers are the
+  only Spark clients); it hands over the *current* incarnation's
+  address and token (:func:`offbroadway.stages.spark_remote.handover`).  The pipeline
+  supervisor is ``rest_for_one`` with ``spark`` first, so a restarted server restarts
+  every committer, which then reads the new values.
+* ``settings`` (:func:`sink_settings`): the keyword arguments of
+  :class:`offbroadway.stages.spark_sink.SparkSink` (minus ``writer_id``/``on_wait``) plus
+  the committer's ``commit_rows`` and ``commit_interval``, JSON-serialisable and
+  token-free: it travels in the stage spec, which is visible in ``/proc/<pid>/environ``
+  and may end up in logs.
 
 The token lives only in these closures and in the two child environments; it is never
 printed, logged or part of a spec the daemon shows.  Spark's files (log, pid, scratch)
-live in ``<state_dir>/spark`` (see :mod:`offbroadway.stages.spark_server`).
+live in ``<state_dir>/spark`` (see :mod:`.spark_server`).
 
 Nothing here imports pyspark: the daemon process stays light.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
-import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
+from offbroadway.stages import spark_remote
 from offbroadway.supervision.spec import Restart, WorkerSpec
 
-SPARK_ARGV = (sys.executable, "-m", "offbroadway.stages.spark_server")
-SPARK_CHILD_ID = "spark"
+from .config import SparkConfig
+from .spark_server import ARGV, ServerSettings, free_port
 
-# The server's settings (read by offbroadway.stages.spark_server; names kept in step there).
-ENV_PORT = "OFFBROADWAY_SPARK_PORT"
-ENV_TOKEN = "OFFBROADWAY_SPARK_TOKEN"
-ENV_DIR = "OFFBROADWAY_SPARK_DIR"
-ENV_MASTER = "OFFBROADWAY_SPARK_MASTER"
-ENV_DRIVER_MEMORY = "OFFBROADWAY_SPARK_DRIVER_MEMORY"
-ENV_CONF = "OFFBROADWAY_SPARK_CONF"
-ENV_STOP_TIMEOUT = "OFFBROADWAY_SPARK_STOP_TIMEOUT"
-# What committers read (offbroadway.stages.spark_sink).
-ENV_REMOTE = "OFFBROADWAY_SPARK_REMOTE"
+SPARK_CHILD_ID = "spark"
 
 #: Spark Connect takes ~10-15 s to become ready on an idle 2-core machine (JVM ~7 s, then
 #: the probe's first query and warm-up write), and we measured 114 s at load average 10
@@ -60,15 +52,11 @@ HEARTBEAT_TIMEOUT = 30.0
 STOP_TIMEOUT = 10.0
 SHUTDOWN = 15.0
 
-SINK_KEYS = ("output", "format", "partition_by", "schema", "write_retry_seconds",
-             "write_timeout", "commit_rows", "commit_interval")
-REMOTE_KEYS = ("remote", "token_env", "token_file")
-
 
 @dataclass(frozen=True)
 class SparkPlan:
     child: WorkerSpec | None
-    batch_processor_env: Callable[[], dict[str, str]]
+    committer_env: Callable[[], dict[str, str]]
     settings: dict[str, Any]
 
 
@@ -83,56 +71,51 @@ class _Incarnation:
         return f"_Incarnation(port={self.port})"
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    import socket
+def sink_settings(spark: SparkConfig) -> dict[str, Any]:
+    """What a committer's stage spec carries: the sink's keyword arguments and the group
+    commit's, token-free (only where a remote's token is, never the token)."""
+    settings: dict[str, Any] = {
+        "output": spark.output, "format": spark.format,
+        "partition_by": list(spark.partition_by), "schema": spark.schema or None,
+        "write_retry_seconds": spark.write_retry_seconds,
+        "write_timeout": spark.write_timeout,
+        "commit_rows": spark.commit_rows, "commit_interval": spark.commit_interval}
+    if spark.remote:
+        settings["remote"] = spark.remote
+        for key in ("token_env", "token_file"):
+            if getattr(spark, key):
+                settings[key] = getattr(spark, key)
+    return settings
 
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
-
-def plan(spark: dict[str, Any], *, runtime_dir: str, state_dir: str,
+def plan(spark: SparkConfig, *, runtime_dir: str, state_dir: str,
          log_env: dict[str, str] | None = None) -> SparkPlan:
     """Turn the validated ``[spark]`` section into the child spec, env and sink settings."""
-    settings: dict[str, Any] = {k: spark[k] for k in SINK_KEYS if k in spark}
-    settings["partition_by"] = list(settings.get("partition_by") or [])
-    settings["schema"] = settings.get("schema") or None
-    if spark.get("remote"):
+    settings = sink_settings(spark)
+    if spark.remote:
         # A remote Connect endpoint: no local server; the token comes from token_env or
-        # token_file in the batch processor's own environment / filesystem.
-        for key in REMOTE_KEYS:
-            if spark.get(key):
-                settings[key] = spark[key]
-        return SparkPlan(child=None, batch_processor_env=lambda: {}, settings=settings)
+        # token_file in the committer's own environment / filesystem.
+        return SparkPlan(child=None, committer_env=lambda: {}, settings=settings)
 
     spark_dir = os.path.join(state_dir or runtime_dir, "spark")
     current = _Incarnation()
-    fixed_port = int(spark.get("port") or 0)
 
     def server_env() -> dict[str, str]:
-        current.port = fixed_port or free_port()
+        current.port = spark.port or free_port()
         current.token = secrets.token_urlsafe(32)
-        env = {
-            ENV_PORT: str(current.port),
-            ENV_TOKEN: current.token,
-            ENV_DIR: spark_dir,
-            ENV_MASTER: spark.get("master") or "local[2]",
-            ENV_DRIVER_MEMORY: spark.get("driver_memory") or "1g",
-            ENV_STOP_TIMEOUT: str(STOP_TIMEOUT),
-            "SPARK_LOCAL_IP": "127.0.0.1",
-            **(log_env or {}),     # the pipeline's log level and format, as every stage
-        }
-        if spark.get("conf"):
-            env[ENV_CONF] = json.dumps(dict(spark["conf"]))
-        return env
+        server = ServerSettings(
+            port=current.port, token=current.token, dir=Path(spark_dir), master=spark.master,
+            driver_memory=spark.driver_memory, conf=spark.conf, stop_timeout=STOP_TIMEOUT)
+        return {**server.to_env(), "SPARK_LOCAL_IP": "127.0.0.1",
+                **(log_env or {})}     # the pipeline's log level and format, as every stage
 
-    def batch_processor_env() -> dict[str, str]:
+    def committer_env() -> dict[str, str]:
         if current.port is None or current.token is None:
             return {}   # no server started yet: the sink then fails loudly on missing remote
-        return {ENV_REMOTE: f"sc://localhost:{current.port}", ENV_TOKEN: current.token}
+        return spark_remote.handover(current.port, current.token)
 
     child = WorkerSpec(
-        id=SPARK_CHILD_ID, argv=SPARK_ARGV, env=server_env, restart=Restart.PERMANENT,
+        id=SPARK_CHILD_ID, argv=ARGV, env=server_env, restart=Restart.PERMANENT,
         shutdown=SHUTDOWN, start_timeout=START_TIMEOUT, heartbeat_timeout=HEARTBEAT_TIMEOUT,
         meta={"role": "spark", "dir": spark_dir})
-    return SparkPlan(child=child, batch_processor_env=batch_processor_env, settings=settings)
+    return SparkPlan(child=child, committer_env=committer_env, settings=settings)

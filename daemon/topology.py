@@ -48,8 +48,6 @@ from offbroadway.supervision.spec import (
 )
 
 WORKER_ARGV = (sys.executable, "-m", "offbroadway.stages.worker")
-SPARK_ARGV = (sys.executable, "-m", "offbroadway.stages.spark_server")
-SPARK_TOKEN_ENV = "OFFBROADWAY_SPARK_TOKEN"
 
 
 @dataclass
@@ -103,7 +101,7 @@ class Topology:
                 + self.batch_processors)
 
 
-def batch_processor_demand(b: BatcherConfig, spark: dict | None) -> int:
+def batch_processor_demand(b: BatcherConfig, commit_rows: int | None) -> int:
     """Batches a batch processor asks its batcher for at once.
 
     Without Spark, or with ``max_demand`` set, :func:`batch_demand`.  With Spark a batch waits
@@ -111,13 +109,13 @@ def batch_processor_demand(b: BatcherConfig, spark: dict | None) -> int:
     processor must be able to hold enough batches for the committer to gather one job
     while the previous one runs: two jobs' worth of rows (``2 x commit_rows``) over all
     the batch processors of the batcher (at least :func:`batch_demand`).  Batches in bytes
-    have no row count: 16.
+    have no row count: 16.  ``commit_rows``: None without a Spark sink.
     """
-    if spark is None or b.max_demand is not None:
+    if commit_rows is None or b.max_demand is not None:
         return batch_demand(b)
     if b.batch_bytes:
         return max(batch_demand(b), 16)
-    rows = 2 * int(spark.get("commit_rows") or 50_000)
+    rows = 2 * commit_rows
     return max(batch_demand(b), min(1024, math.ceil(rows / (b.batch_size * b.concurrency)) + 1))
 
 
@@ -134,20 +132,21 @@ def auto_prefetch(config: Config) -> int:
     proc = config.processors[PROCESSOR_KEY]
     need = proc.concurrency * proc.max_demand + sum(
         (b.batch_size if not b.batch_bytes else b.upstream_demand)
-        * (1 + b.concurrency * batch_processor_demand(b, config.spark))
+        * (1 + b.concurrency * batch_processor_demand(
+            b, config.spark.commit_rows if config.spark else None))
         for b in config.batchers.values())
     return max(1, math.ceil(need / config.producer.concurrency))
 
 
 def build(config: Config, *, stage_env: Callable[[str], dict[str, str]] | None = None,
           spark_child: WorkerSpec | None = None,
-          batch_processor_env: Callable[[], dict[str, str]] | None = None,
+          committer_env: Callable[[], dict[str, str]] | None = None,
           spark_settings: dict | None = None, sized: bool = True) -> Topology:
     """Turn a validated config into the supervision tree.
 
     ``stage_env(stage_id)`` adds environment for every stage (metrics dir, log settings);
     ``spark_child`` is the local Spark server's worker spec (None: no local server);
-    ``batch_processor_env()`` is evaluated at each committer start (the Spark token of the
+    ``committer_env()`` is evaluated at each committer start (the Spark token of the
     current server incarnation); ``spark_settings`` (None: no Spark sink) is handed to the
     committers' Spark sink.  ``sized=False`` leaves the source's options as configured
     (validation: only the tree's shape is wanted, and sizing imports the source).
@@ -221,9 +220,10 @@ def build(config: Config, *, stage_env: Callable[[str], dict[str, str]] | None =
             # waits for its running job at shutdown (bounded by write_timeout)
             committer = worker(StageSpec(id=cid, role="committer", batcher=key,
                                          spark=spark_settings, **base),
-                               heartbeat=b.heartbeat_timeout, env_fn=batch_processor_env,
+                               heartbeat=b.heartbeat_timeout, env_fn=committer_env,
                                shutdown=max(10.0, p.shutdown_timeout))
-        bp_demand = batch_processor_demand(b, spark_settings)
+        bp_demand = batch_processor_demand(
+            b, spark_settings["commit_rows"] if spark_settings is not None else None)
         batcher = worker(StageSpec(
             id=bid, role="batcher", upstream=tuple(topo.processors), batcher=key,
             batch_size=b.batch_size, batch_bytes=b.batch_bytes, batch_timeout=b.batch_timeout,

@@ -180,31 +180,13 @@ class _SparkHandoff:
             return
         from . import spark_rows, spark_wire
 
-        todo: list[Message] = []
-        for m in rows:
-            if m.status is None:
-                m.status = self.schema_error or spark_rows.check_data(m.data)
-                if m.status is None:
-                    todo.append(m)
-        if todo and self.schema is None:
-            schema = spark_rows.infer_schema([m.data for m in todo])
-            missing = [c for c in self.partition_by if c not in schema.names]
-            if missing:
-                reason = f"spark: partition_by column {missing[0]!r} is not in the schema"
-                for m in todo:
-                    m.status = reason
-                todo = []
-            else:
-                self.schema = schema
-        table = None
-        if todo:
-            table, bad = spark_rows.to_table(self.schema, [str(m.id) for m in todo],
-                                             [m.data for m in todo])
-            if bad:
-                for i, reason in bad.items():
-                    todo[i].status = f"spark: {reason}"
-                log.warning("%s: %d of %d message(s) do not fit the schema; e.g. %s",
-                            self.stage.id, len(bad), len(todo), next(iter(bad.values())))
+        converted = spark_rows.convert(rows, self.schema, self.partition_by, self.schema_error)
+        if self.schema is None:
+            self.schema = converted.schema
+        if converted.failed and self.schema_error is None:   # the committer said that one
+            log.warning("%s: %d of %d message(s) cannot be rows; e.g. %s", self.stage.id,
+                        len(converted.failed), len(rows), converted.failed[0].status)
+        table = converted.table
         if table is None:
             self.stage.finish(up, messages, rows)
             return

@@ -25,12 +25,15 @@ Schema
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import pyarrow as pa
+from offbroadway import Message
 
-__all__ = ["INGESTED_TYPE", "RESERVED", "check_data", "conform", "from_ipc", "infer_schema",
-           "rows_to_table", "schema_from_ipc", "schema_to_ipc", "to_ipc", "to_table"]
+__all__ = ["INGESTED_TYPE", "RESERVED", "Rows", "check_data", "conform", "convert",
+           "from_ipc", "infer_schema", "rows_to_table", "schema_from_ipc", "schema_to_ipc",
+           "to_ipc", "to_table"]
 
 RESERVED = ("message_id", "ingested_at")
 INGESTED_TYPE = pa.timestamp("us", tz="UTC")
@@ -48,6 +51,56 @@ def check_data(data: Any) -> str | None:
             return f"spark: message data uses the reserved column {k!r}"
     return None
 
+
+@dataclass
+class Rows:
+    """What :func:`convert` made of a batch's messages."""
+
+    #: the rows that fit, plus ``message_id`` (None: no row fits)
+    table: pa.Table | None
+    #: the data columns used: the one given, else inferred (None: none could be)
+    schema: pa.Schema | None
+    #: the messages whose row is in ``table``, in its order
+    written: list[Message] = field(default_factory=list)
+    #: the messages failed here, each with its ``status`` (``spark: …``)
+    failed: list[Message] = field(default_factory=list)
+
+
+def convert(messages: Sequence[Message], schema: pa.Schema | None,
+            partition_by: Sequence[str] = (), error: str | None = None) -> Rows:
+    """A batch's messages → one Arrow table; each message that cannot be a row fails alone.
+
+    Messages already failed (``status`` set) are left out and untouched.  ``schema``: the
+    dataset's data columns (a DDL's, or what its committer fixed); None infers them from
+    these messages (:func:`infer_schema`).  ``error``: a reason every message fails with
+    (a DDL Spark cannot parse).  Used by the batch processor before the hand-over to the
+    committer, and by :meth:`.spark_sink.SparkSink.write`.
+    """
+    todo: list[Message] = []
+    failed: list[Message] = []
+    for m in messages:
+        if m.status is None:
+            m.status = error or check_data(m.data)
+            (failed if m.status is not None else todo).append(m)
+    if todo and schema is None:
+        schema = infer_schema([m.data for m in todo])
+    if schema is not None:
+        missing = [c for c in partition_by if c not in schema.names]
+        if missing:
+            reason = f"spark: partition_by column {missing[0]!r} is not in the schema"
+            for m in todo:
+                m.status = reason
+            return Rows(None, None, [], failed + todo)
+    if not todo:
+        return Rows(None, schema, [], failed)
+    assert schema is not None
+    table, bad = to_table(schema, [str(m.id) for m in todo], [m.data for m in todo])
+    if bad:
+        for i, reason in bad.items():
+            todo[i].status = f"spark: {reason}"
+        failed += [todo[i] for i in sorted(bad)]
+        todo = [m for i, m in enumerate(todo) if i not in bad]
+    return Rows(table, schema, todo, failed)
 
 
 

@@ -5,21 +5,10 @@ batch processors into one Spark job, and by anything that writes batches on its 
 (:meth:`SparkSink.write`: convert and commit in one go).  It pulls in pyspark's Connect
 client (pandas, pyarrow, grpc: ~135 MB, ~0.8 s), which no other stage should pay for.
 
-Where it connects
-    ``remote`` (``sc://host:port``) from the settings, else the environment variable
-    ``OFFBROADWAY_SPARK_REMOTE`` (the daemon sets it to the *current* local server
-    incarnation at every committer start).  ``sc://127.0.0.1:…`` and ``sc://[::1]:…`` are
-    rewritten to ``sc://localhost:…``: pyspark speaks plaintext over loopback only for the
-    literal host ``localhost`` and otherwise insists on TLS as soon as a token is set
-    (``127.0.0.1`` with a token hangs in a TLS handshake).
-
-Where the token comes from (first that applies; it is never logged, never in a URL)
-    1. ``token_file``: a file holding the token (re-read at every new session, so a
-       rotated credential is picked up on the next reconnect);
-    2. ``token_env``: the name of an environment variable holding it;
-    3. ``OFFBROADWAY_SPARK_TOKEN`` (what the daemon hands the committers for the local
-       server);
-    4. none (a server without authentication).
+Where it connects, with which token
+    ``remote`` (``sc://host:port``) from the settings, else what the daemon handed over for
+    its own server; the token from ``token_file``, ``token_env`` or the hand-over, read at
+    every new session (:mod:`.spark_remote`: the variable names and the rules).
 
 What lands where
     One dataset per batcher: ``<output>/<batcher>/[<partition_by>=…/]part-….parquet``, one
@@ -72,7 +61,6 @@ import weakref
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Callable, Sequence
-from urllib.parse import urlsplit, urlunsplit
 
 import grpc
 import pyarrow as pa
@@ -93,19 +81,17 @@ from pyspark.sql.connect.session import SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 
-from .redact import mask_url
-from .spark_rows import INGESTED_TYPE, RESERVED, check_data, infer_schema, to_table
+from . import spark_remote
+from .spark_rows import INGESTED_TYPE, RESERVED, convert
 
-__all__ = ["ENV_REMOTE", "ENV_TOKEN", "FORMATS", "RESERVED", "STAGING", "CommitFailed",
-           "SparkSink", "WriteAbandoned", "publish"]
+__all__ = ["FORMATS", "RESERVED", "STAGING", "CommitFailed", "SparkSink", "WriteAbandoned",
+           "publish"]
 
 log = logging.getLogger("offbroadway.spark_sink")
 # pyspark warns each time its (deliberately short) client retry policy gives up; our own
 # retry loop logs every failed attempt with its reason instead.
 warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]")
 
-ENV_REMOTE = "OFFBROADWAY_SPARK_REMOTE"
-ENV_TOKEN = "OFFBROADWAY_SPARK_TOKEN"
 FORMATS = ("parquet", "json", "orc")
 #: where each job writes before its files are published into the dataset
 STAGING = "_staging"
@@ -171,18 +157,6 @@ def transient(exc: BaseException) -> bool:
     return isinstance(exc, SparkConnectGrpcException)
 
 
-def normalize_remote(remote: str) -> str:
-    """``sc://127.0.0.1:P`` → ``sc://localhost:P`` (see the module docstring)."""
-    parts = urlsplit(remote)
-    if parts.scheme != "sc" or not parts.hostname:
-        raise ValueError(f"Spark Connect remote must look like sc://host:port, "
-                         f"got {mask_url(remote)!r}")
-    if parts.hostname in ("127.0.0.1", "::1"):
-        netloc = "localhost" + (f":{parts.port}" if parts.port else "")
-        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-    return remote
-
-
 # -- the sink ----------------------------------------------------------------------------
 
 _open_sinks: weakref.WeakSet[SparkSink] = weakref.WeakSet()
@@ -219,9 +193,10 @@ class SparkSink:
                  token_env: str | None = None, token_file: str | None = None,
                  write_retry_seconds: float = 60.0, write_timeout: float = 600.0,
                  **options: Any) -> None:
-        remote = remote or os.environ.get(ENV_REMOTE)
+        remote = remote or os.environ.get(spark_remote.ENV_REMOTE)
         if not remote:
-            raise ValueError(f"SparkSink needs remote= or {ENV_REMOTE} in the environment")
+            raise ValueError(f"SparkSink needs remote= or {spark_remote.ENV_REMOTE} in the "
+                             f"environment")
         if format not in FORMATS:
             raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
         if not output:
@@ -231,7 +206,7 @@ class SparkSink:
         for col in partition_by:
             if col in RESERVED:
                 raise ValueError(f"partition_by cannot use the reserved column {col!r}")
-        self.remote = normalize_remote(remote)
+        self.remote = spark_remote.normalize_remote(remote)
         self.output = output.rstrip("/")
         self.format = format
         self.partition_by = tuple(partition_by)
@@ -296,12 +271,7 @@ class SparkSink:
         Raises :class:`WriteAbandoned` (and marks nothing) when ``should_stop()`` turns true
         while a failed attempt waits for the next one."""
         self.dataset_path(batcher)   # checks the name
-        todo: list[Message] = []
-        for m in messages:
-            if m.status is None:
-                m.status = check_data(m.data)
-                if m.status is None:
-                    todo.append(m)
+        todo = [m for m in messages if m.status is None]
         if not todo:
             return
         try:
@@ -311,27 +281,19 @@ class SparkSink:
             return
         if schema is None:
             schema = self._inferred.get(batcher)
-            if schema is None:
-                schema = infer_schema([m.data for m in todo])
-                self._inferred[batcher] = schema
-        missing = [c for c in self.partition_by if c not in schema.names]
-        if missing:
-            self._fail(todo, f"spark: partition_by column {missing[0]!r} is not in the schema")
-            return
-        table, bad = to_table(schema, [str(m.id) for m in todo], [m.data for m in todo])
-        if bad:
-            for i, reason in bad.items():
-                todo[i].status = f"spark: {reason}"
-            self.stats["failed_rows"] += len(bad)
-            log.warning("%d of %d message(s) do not fit the schema; e.g. %s",
-                        len(bad), len(todo), next(iter(bad.values())))
-            todo = [m for i, m in enumerate(todo) if i not in bad]
-        if table is None:
+        rows = convert(todo, schema, self.partition_by)
+        if schema is None and rows.schema is not None:
+            self._inferred[batcher] = rows.schema
+        if rows.failed:
+            self.stats["failed_rows"] += len(rows.failed)
+            log.warning("%d of %d message(s) cannot be rows; e.g. %s",
+                        len(rows.failed), len(todo), rows.failed[0].status)
+        if rows.table is None:
             return
         try:
-            self.commit(batcher, table)
+            self.commit(batcher, rows.table)
         except CommitFailed as exc:
-            self._fail(todo, exc.reason)
+            self._fail(rows.written, exc.reason)
 
     def close(self) -> None:
         """Release the server-side session (best effort; call at stage teardown)."""
@@ -384,17 +346,10 @@ class SparkSink:
         self.stats["failed_rows"] += len(messages)
         log.error("%d message(s) failed: %s", len(messages), reason)
 
-    def _token(self) -> str | None:
-        if self.token_file:
-            return Path(self.token_file).read_text().strip() or None
-        if self.token_env:
-            return os.environ.get(self.token_env) or None
-        return os.environ.get(ENV_TOKEN) or None
-
     def _session(self) -> SparkSession:
         if self._spark is None:
             builder = DefaultChannelBuilder(self.remote)
-            token = self._token()
+            token = spark_remote.token(self.token_file, self.token_env)
             if token:
                 builder.set(DefaultChannelBuilder.PARAM_TOKEN, token)
             spark = SparkSession.builder.channelBuilder(builder).create()

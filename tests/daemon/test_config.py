@@ -32,7 +32,7 @@ def test_the_base_config_is_valid_and_typed() -> None:
     assert config.processors["default"].max_demand == 10
     assert config.batchers["spark"].batch_timeout == 1.0
     assert isinstance(config.batchers["spark"].batch_timeout, float)
-    assert config.spark["format"] == "parquet"
+    assert config.spark.format == "parquet"
     assert config.metrics.listen == "127.0.0.1:9464"   # localhost by default
 
 
@@ -143,3 +143,29 @@ def test_rate_limit_is_validated() -> None:
             validate(with_("producer.rate_limit", bad))
     with pytest.raises(ConfigError, match=r"^producer\.rate_limit"):
         validate(with_("producer.rate_limit", "500/1"))
+
+
+def test_spark_conf_is_flattened_and_checked() -> None:
+    """``[spark] conf``: Spark properties for the local server, quoted or not (TOML reads
+    an unquoted dotted key as nested tables), values as Spark reads them (text)."""
+    import tomllib
+
+    text = ('[spark.conf]\nspark.sql.shuffle.partitions = 4\n'
+            '"spark.sql.parquet.compression.codec" = "zstd"\nspark.ui.enabled = false\n')
+    raw = copy.deepcopy(BASE)
+    raw["spark"].update(tomllib.loads(text)["spark"])
+    assert validate(raw).config.spark.conf == {
+        "spark.sql.shuffle.partitions": "4", "spark.sql.parquet.compression.codec": "zstd",
+        "spark.ui.enabled": "false"}
+    for conf, fragment in (({"sql.shuffle.partitions": 4}, "not a Spark property"),
+                           ({"spark.driver.bindAddress": "0.0.0.0"}, "set by offbroadway"),
+                           ({"spark.master": "local[4]"}, "use spark.master"),
+                           ({"spark.x": [1]}, "string, number or boolean")):
+        with pytest.raises(ConfigError) as err:
+            validate(with_("spark.conf", conf))
+        assert str(err.value).startswith("spark.conf."), str(err.value)
+        assert fragment in str(err.value)
+    raw = with_("spark.conf", {"spark.sql.shuffle.partitions": 4})
+    raw["spark"]["remote"] = "sc://spark.example:15002"
+    with pytest.raises(ConfigError, match=r"^spark\.conf: .*remote"):
+        validate(raw)

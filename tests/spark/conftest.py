@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from offbroadway.daemon.config import SparkConfig
 from offbroadway.daemon.spark import plan
 from offbroadway.supervision.child import NOTIFY_FD_ENV
 
@@ -30,7 +31,7 @@ READY_TIMEOUT = 240.0   # a JVM start on 2 busy cores; normally 8-20 s
 
 @dataclass
 class ServerHandle:
-    """A running ``offbroadway.stages.spark_server`` and what a client needs to use it."""
+    """A running ``offbroadway.daemon.spark_server`` and what a client needs to use it."""
 
     proc: subprocess.Popen
     dir: Path
@@ -54,14 +55,9 @@ class ServerHandle:
         return self.proc.wait(timeout=timeout)
 
 
-def spark_config(root: Path, **overrides: Any) -> dict[str, Any]:
-    """A validated ``[spark]`` section as daemon/config.py produces it."""
-    cfg: dict[str, Any] = {
-        "master": "local[2]", "remote": "", "token_env": "", "token_file": "",
-        "output": str(root / "out"), "format": "parquet", "partition_by": [], "schema": "",
-        "port": 0, "driver_memory": "1g", "write_retry_seconds": 60.0}
-    cfg.update(overrides)
-    return cfg
+def spark_config(root: Path, **overrides: Any) -> SparkConfig:
+    """A validated ``[spark]`` section, as daemon/config.py makes it."""
+    return SparkConfig(output=str(root / "out"), **overrides)
 
 
 def launch_server(root: Path) -> tuple[ServerHandle, int]:
@@ -78,7 +74,7 @@ def launch_server(root: Path) -> tuple[ServerHandle, int]:
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     os.close(w)
-    bp_env = p.batch_processor_env()
+    bp_env = p.committer_env()
     handle = ServerHandle(proc=proc, dir=Path(child_env["OFFBROADWAY_SPARK_DIR"]), out=out,
                           token=child_env["OFFBROADWAY_SPARK_TOKEN"],
                           remote=bp_env["OFFBROADWAY_SPARK_REMOTE"], bp_env=bp_env)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from offbroadway.daemon.spark import SPARK_ARGV, plan
+from offbroadway.daemon.spark import plan
+from offbroadway.daemon.spark_server import ARGV, ServerSettings
 
 from tests.spark.conftest import spark_config
 
@@ -13,14 +14,14 @@ def test_local_plan_fresh_token_and_port_per_start(tmp_path):
     p = plan(spark_config(tmp_path), runtime_dir=str(tmp_path / "run"),
              state_dir=str(tmp_path / "state"))
     assert p.child is not None and p.child.id == "spark"
-    assert tuple(p.child.argv) == SPARK_ARGV
+    assert tuple(p.child.argv) == ARGV
     assert p.child.start_timeout >= 60 and p.child.heartbeat_timeout
     assert callable(p.child.env)
-    assert p.batch_processor_env() == {}          # nothing started yet
+    assert p.committer_env() == {}          # nothing started yet
     first = dict(p.child.env())
-    bp1 = p.batch_processor_env()
+    bp1 = p.committer_env()
     second = dict(p.child.env())
-    bp2 = p.batch_processor_env()
+    bp2 = p.committer_env()
     assert first["OFFBROADWAY_SPARK_TOKEN"] != second["OFFBROADWAY_SPARK_TOKEN"]
     assert first["OFFBROADWAY_SPARK_DIR"] == str(tmp_path / "state" / "spark")
     assert first["SPARK_LOCAL_IP"] == "127.0.0.1"
@@ -37,14 +38,30 @@ def test_fixed_port_is_kept(tmp_path):
     p = plan(spark_config(tmp_path, port=15123), runtime_dir=str(tmp_path), state_dir="")
     assert p.child is not None
     assert dict(p.child.env())["OFFBROADWAY_SPARK_PORT"] == "15123"
-    assert p.batch_processor_env()["OFFBROADWAY_SPARK_REMOTE"] == "sc://localhost:15123"
+    assert p.committer_env()["OFFBROADWAY_SPARK_REMOTE"] == "sc://localhost:15123"
 
 
 def test_remote_plan_starts_nothing(tmp_path):
     p = plan(spark_config(tmp_path, remote="sc://spark.example:15002", token_env="SPARK_TOK"),
              runtime_dir=str(tmp_path), state_dir=str(tmp_path))
     assert p.child is None
-    assert p.batch_processor_env() == {}
+    assert p.committer_env() == {}
     assert p.settings["remote"] == "sc://spark.example:15002"
     assert p.settings["token_env"] == "SPARK_TOK" and "token_file" not in p.settings
     json.dumps(p.settings)
+
+
+def test_conf_reaches_the_server_and_round_trips(tmp_path):
+    """``[spark] conf`` (validated in daemon/config.py) travels in the server's settings
+    record; what the daemon writes, the wrapper reads back unchanged."""
+    p = plan(spark_config(tmp_path, conf={"spark.sql.shuffle.partitions": "4"},
+                          master="local[1]", driver_memory="2g"),
+             runtime_dir=str(tmp_path), state_dir=str(tmp_path / "state"))
+    assert p.child is not None
+    env = dict(p.child.env())
+    back = ServerSettings.from_env(env)
+    assert back.conf == {"spark.sql.shuffle.partitions": "4"}
+    assert (back.master, back.driver_memory) == ("local[1]", "2g")
+    assert back.port == int(env["OFFBROADWAY_SPARK_PORT"]) and back.token == \
+        env["OFFBROADWAY_SPARK_TOKEN"]
+    assert ServerSettings.from_env(back.to_env()) == back

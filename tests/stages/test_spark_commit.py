@@ -84,6 +84,31 @@ def test_rows_become_one_table_and_misfits_fail_alone():
     assert spark_rows.check_data({"seq": 1}) is None
 
 
+def test_convert_makes_one_table_and_fails_each_misfit_alone():
+    """``convert``: what the batch processor and ``SparkSink.write`` both do with a batch."""
+    from offbroadway import Message
+
+    msgs = [Message("a", {"seq": 1, "name": "x"}), Message("b", ["not", "a", "map"]),
+            Message("c", {"seq": "two", "name": "y"}), Message("d", {"seq": 4, "name": "z"}),
+            Message("e", {"seq": 5}).failed("already failed")]
+    rows = spark_rows.convert(msgs, None)
+    assert rows.schema is not None and rows.schema.names == ["seq", "name"]
+    assert [m.id for m in rows.written] == ["a", "d"]
+    assert rows.table.column("message_id").to_pylist() == ["a", "d"]
+    assert {m.id for m in rows.failed} == {"b", "c"}
+    assert "mapping" in msgs[1].status and "seq" in msgs[2].status
+    assert msgs[4].status == "already failed" and msgs[4] not in rows.failed
+    # the schema given wins; a partition column outside it fails every row, said once
+    later = [Message("f", {"seq": 6, "name": "w"})]
+    again = spark_rows.convert(later, rows.schema, partition_by=("region",))
+    assert again.table is None and again.schema is None
+    assert later[0].status == "spark: partition_by column 'region' is not in the schema"
+    # an error (a DDL Spark cannot parse) fails them all with its reason
+    bad = [Message("g", {"seq": 7})]
+    assert spark_rows.convert(bad, None, error="spark: bad DDL").failed == bad
+    assert bad[0].status == "spark: bad DDL"
+
+
 def test_conform_brings_a_table_to_the_datasets_schema_or_says_why():
     dataset = pa.schema([pa.field("seq", pa.float64()), pa.field("name", pa.string()),
                          spark_rows.ID_FIELD])

@@ -1,12 +1,15 @@
-"""The ``spark`` child: one Spark Connect server JVM, supervised like any other stage.
+"""The ``spark`` child: one Spark Connect server JVM, supervised like any stage.
 
-Run as ``python -m offbroadway.stages.spark_server``.  The daemon's pipeline supervisor
-starts it first (``rest_for_one``), so every batch processor after it is a light Spark
-Connect client of this one driver instead of a JVM of its own (a classic session costs
-0.4-0.9 GB and 6-9 s per process on this machine).
+Run as ``python -m offbroadway.daemon.spark_server``.  It is not a stage (no handler, no
+wire protocol, no messages): the daemon's own child, so it lives here, and the stages know
+nothing of it but the address and token the daemon hands the committers
+(:mod:`offbroadway.stages.spark_remote`).  The pipeline supervisor starts it first
+(``rest_for_one``), so every committer after it is a light Spark Connect client of this
+one driver instead of a JVM of its own (a classic session costs 0.4-0.9 GB and 6-9 s per
+process on this machine).
 
-Settings come from the environment (the daemon computes them afresh at every start, see
-:mod:`offbroadway.daemon.spark`):
+Settings come from the environment, the record :class:`ServerSettings` (``to_env`` in the
+daemon, afresh at every start, see :mod:`offbroadway.daemon.spark`; ``from_env`` here):
 
 =================================  ========================================================
 ``OFFBROADWAY_SPARK_PORT``         gRPC port on 127.0.0.1 (required; ``0`` picks a free one
@@ -66,14 +69,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from offbroadway.stages import logs
+from offbroadway.stages.spark_remote import ENV_TOKEN
 from offbroadway.supervision import child
-
-from . import logs
 
 log = logging.getLogger("offbroadway.spark_server")
 
+#: how the supervisor runs this module
+ARGV = (sys.executable, "-m", "offbroadway.daemon.spark_server")
 ENV_PORT = "OFFBROADWAY_SPARK_PORT"
-ENV_TOKEN = "OFFBROADWAY_SPARK_TOKEN"
 ENV_DIR = "OFFBROADWAY_SPARK_DIR"
 ENV_MASTER = "OFFBROADWAY_SPARK_MASTER"
 ENV_DRIVER_MEMORY = "OFFBROADWAY_SPARK_DRIVER_MEMORY"
@@ -129,6 +133,17 @@ class ServerSettings:
     conf: Mapping[str, str] = field(default_factory=dict)
     ready_timeout: float = 300.0
     stop_timeout: float = 10.0
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that :meth:`from_env` reads back (the token included: the
+        daemon hands it to this process only)."""
+        env = {ENV_PORT: str(self.port), ENV_TOKEN: self.token, ENV_DIR: str(self.dir),
+               ENV_MASTER: self.master, ENV_DRIVER_MEMORY: self.driver_memory,
+               ENV_READY_TIMEOUT: str(self.ready_timeout),
+               ENV_STOP_TIMEOUT: str(self.stop_timeout)}
+        if self.conf:
+            env[ENV_CONF] = json.dumps(dict(self.conf))
+        return env
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ServerSettings:
@@ -359,7 +374,7 @@ class Server:
         env.update({_ENV_PROBE_REMOTE: f"sc://localhost:{self.port}", SPARK_TOKEN_ENV: self.s.token,
                     ENV_DIR: str(self.s.dir)})
         probe = subprocess.Popen(
-            [sys.executable, "-m", "offbroadway.stages.spark_server", "--probe"], env=env,
+            [*ARGV, "--probe"], env=env,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             preexec_fn=_die_with_parent(os.getpid()))
         try:
