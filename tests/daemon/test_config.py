@@ -169,3 +169,13 @@ def test_spark_conf_is_flattened_and_checked() -> None:
     raw["spark"]["remote"] = "sc://spark.example:15002"
     with pytest.raises(ConfigError, match=r"^spark\.conf: .*remote"):
         validate(raw)
+
+
+def test_reload_refuses_a_spark_change_naming_the_key() -> None:
+    from offbroadway.daemon import reload
+
+    old = validate(copy.deepcopy(BASE)).config
+    for path, value in (("spark.commit_rows", 20_000), ("spark.partition_by", ["sku"]),
+                        ("spark.conf", {"spark.sql.shuffle.partitions": 4})):
+        with pytest.raises(reload.ReloadRefused, match=rf"{path.replace('.', '[.]')}"):
+            reload.plan(old, validate(with_(path, value)).config)
