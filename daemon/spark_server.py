@@ -54,7 +54,6 @@ Life cycle, and why:
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import json
 import logging
@@ -65,13 +64,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from offbroadway.stages import logs
 from offbroadway.stages.spark_remote import ENV_TOKEN
 from offbroadway.supervision import child
+from offbroadway.supervision.spawn import die_with
 
 log = logging.getLogger("offbroadway.spark_server")
 
@@ -95,7 +95,6 @@ LOG_NAME = "spark-connect.log"
 PID_NAME = "spark-connect.pid"
 PORT_NAME = "spark-connect.port"
 LOG_ROTATE_BYTES = 64 * 1024 * 1024
-PR_SET_PDEATHSIG = 1
 
 # WARN keeps the log to start/stop and real trouble: at INFO the Connect server writes
 # ~20 lines per request, i.e. a growing file at ~10 writes/s.  The startup line stays.
@@ -203,22 +202,6 @@ def port_open(port: int, host: str = HOST, timeout: float = 0.5) -> bool:
         return False
 
 
-def _die_with_parent(parent: int) -> Callable[[], None]:
-    """A preexec_fn: the kernel SIGKILLs the child when ``parent`` (this process) dies.
-
-    If the parent is already gone by the time prctl runs (it died between fork and here),
-    the signal will never come: exit at once instead.  Compared with the pid we forked
-    from, not with 1, since a subreaper (systemd, the supervisor) may adopt orphans.
-    """
-    def preexec() -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return preexec
-
-
 def spark_args(settings: ServerSettings, port: int) -> list[str]:
     """SparkSubmit's arguments: everything bound to 127.0.0.1, scratch under our dir."""
     d = settings.dir
@@ -255,7 +238,7 @@ def java_command(args: Sequence[str], env: Mapping[str, str], home: Path) -> lis
         [java, "-Xmx128m", "-cp", str(home / "jars" / "*"), "org.apache.spark.launcher.Main",
          "org.apache.spark.deploy.SparkSubmit", *args],
         env=dict(env), capture_output=True, timeout=120,
-        preexec_fn=_die_with_parent(os.getpid()), check=False)
+        preexec_fn=die_with(os.getpid()), check=False)
     marker = out.stdout.find(b"\0\n")
     if out.returncode != 0 or marker < 0:
         raise RuntimeError(f"Spark launcher failed (exit {out.returncode}): "
@@ -331,7 +314,7 @@ class Server:
         self.proc = subprocess.Popen(
             cmd, env=env, cwd=self.s.dir / "work", stdin=subprocess.DEVNULL,
             stdout=self._log, stderr=self._log, start_new_session=True,
-            preexec_fn=_die_with_parent(os.getpid()))
+            preexec_fn=die_with(os.getpid()))
         (self.s.dir / PID_NAME).write_text(f"{self.proc.pid}\n")
 
     def jvm_exit(self) -> int | None:
@@ -376,7 +359,7 @@ class Server:
         probe = subprocess.Popen(
             [*ARGV, "--probe"], env=env,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            preexec_fn=_die_with_parent(os.getpid()))
+            preexec_fn=die_with(os.getpid()))
         try:
             while True:
                 try:

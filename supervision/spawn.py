@@ -52,8 +52,12 @@ _SIGKILL = int(signal.SIGKILL)
 _setpriv: str | bool | None = False  # False: not looked for yet
 
 
-def _die_with(parent: int, sig: int = _SIGKILL) -> Callable[[], None]:
-    """The ``preexec_fn``: built in the parent so the child only calls, never imports."""
+def die_with(parent: int, sig: int = _SIGKILL) -> Callable[[], None]:
+    """A ``preexec_fn`` that gives the child ``sig`` when ``parent`` dies
+    (``PR_SET_PDEATHSIG``), and ends it at once if ``parent`` is already gone (compared
+    with the pid it forked from, not with 1: a subreaper may adopt orphans).  Built in the
+    parent so the child only calls, never imports.  Also what the Spark server wrapper
+    puts on its JVM."""
 
     def setup() -> None:
         if _prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
@@ -138,4 +142,4 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None,
     return subprocess.Popen(
         argv, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL, pass_fds=(notify_fd,),
         process_group=0,
-        preexec_fn=_die_with(os.getpid(), pdeathsig))
+        preexec_fn=die_with(os.getpid(), pdeathsig))
