@@ -679,7 +679,9 @@ class Daemon:
                 "acked": self.board.sum(producers, "acked"),
                 "failed": self.board.sum(producers, "failed"),
                 "failed_to": self.board.failed_to(),
-                "sources_down": self.board.sources_down()}
+                "sources_down": self.board.sources_down(),
+                # a resize under way: the stages it removes that are finishing what they hold
+                "leaving": sorted(self._leaving - self._left)}
 
 
 class _Stopped(Exception):

@@ -207,7 +207,8 @@ class Reactions:
             return []
         why = f"{', '.join(self.lost)} down: {reason}" if reason else \
             f"{', '.join(self.lost)} down"
-        blames, quarantine, release = self.poison.requeue(self.alive)
+        # a stage a resize is removing is not waited for: the restart builds the new shape
+        blames, quarantine, release = self.poison.requeue(self.alive | set(self.leaving))
         out = []
         for i, p in enumerate(self.topology.producers):
             if p not in self.alive:

@@ -226,3 +226,26 @@ def test_an_auto_window_widens_before_a_growth_and_narrows_after_a_shrink():
     # a source without a window (spool): no window step
     assert all(s.op != "window" for s in resize.plan(topo_mod.build(_config(2)),
                                                      topo_mod.build(_config(5))))
+
+
+def test_suspects_do_not_wait_for_a_leaving_processor_that_crashed():
+    """A processor killed by a poison message while it leaves does not come back (the
+    restart builds the new shape): the producers release their suspects when the others
+    are up, not never."""
+    from offbroadway.stages.blame import Blame, Suspect
+
+    old = topo_mod.build(_config(2, {"spark": 1}))
+    r = Reactions(old, max_crashes=3)
+    for sid in old.stages:
+        r.started(sid)
+    r.adopt(topo_mod.build(_config(1, {"spark": 1})))
+    record = Blame("handle_message", (Suspect(0, 7, "m7"),), 1)
+    r.exited("processor_default_1", expected=False, reason="killed", record=record)
+    r.exited("processor_default_0", expected=True)
+    sends = r.restarting("PipelineSupervisor", ["ProcessorSupervisor"])
+    assert any(isinstance(s.command, commands.Requeue) and s.command.hold_suspects
+               for s in sends)
+    assert r.awaiting == {"processor_default_0"}
+    released = [s.stage for s in r.started("processor_default_0")
+                if isinstance(s.command, commands.ReleaseSuspects)]
+    assert released == ["producer_0", "producer_1"]

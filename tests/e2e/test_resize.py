@@ -217,3 +217,67 @@ def test_reload_resizes_through_the_same_path(short_tmp: Path) -> None:
     counts = Counter(r["id"] for r in read_records(str(out), "batch-"))
     assert len(counts) == n and max(counts.values()) == 1
     assert "requeued" not in err
+
+
+def test_a_stage_killed_while_it_leaves_is_a_crash_and_the_resize_still_ends(
+        short_tmp: Path) -> None:
+    """processor_default_1 is held in handle_message, told to leave, and SIGKILLed: one
+    crash cascade (counted, one requeue), the new shape, and the resize answers; nothing
+    is lost, and only what the requeue took can run twice."""
+    n = 4000
+    write_spool(short_tmp / "spool", n, files=2, extra={"route": "default"})
+    port = free_port()
+    flag = short_tmp / "hang"
+    config = resizable_config(short_tmp, port)
+    config.write_text(config.read_text().replace(
+        'handler = "tests.e2e.handlers:Recorder"',
+        'handler = "tests.e2e.resize_handlers:HangsWhileFlagged"').replace(
+        "context = {", f'context = {{ hang_flag = "{flag}", hang_stage = '
+                       f'"processor_default_1", ').replace(
+        "allowed_messages = 500", "allowed_messages = 100"))
+    sock = str(short_tmp / "run" / "control.sock")
+    out = short_tmp / "out"
+    daemon = start_daemon(config, "--until-idle")
+    scale = None
+    try:
+        wait_until(lambda: len(read_records(str(out), "batch-")) >= 200, timeout=90,
+                   message="messages flow")
+        flag.touch()
+        wait_until(lambda: Path(f"{flag}.hung").exists(), timeout=30,
+                   message="processor_default_1 held in handle_message")
+        victim = next(nd["pid"] for nd in walk(status(sock)["tree"])
+                      if nd["id"] == "processor_default_1")
+        scale = subprocess.Popen(offbroadway_cmd("scale", "processors", "1", "--socket", sock),
+                                 cwd=REPO, env=test_env(), stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        wait_until(lambda: status(sock)["leaving"] == ["processor_default_1"], timeout=30,
+                   message="processor_default_1 leaving")
+        import os
+        os.kill(victim, signal.SIGKILL)
+        said, err = scale.communicate(timeout=60)
+        assert scale.returncode == 0, err
+        assert "-> 1 processors" in said, said
+        # the crash's restart (of the new shape) may still be under way
+        st = wait_until(lambda: (lambda s: shape_of(s)[0] == ["processor_default_0"] and s)(
+            status(sock)), timeout=60, message="processor_default_0 back")
+        assert st["leaving"] == []
+        restarts = {nd["id"]: nd["restarts"] for nd in walk(st["tree"])}
+        assert restarts["ProcessorSupervisor"] == 1, "the crash counts, once"
+        assert restarts["processor_default_0"] == 1 and restarts["ProducerSupervisor"] == 0
+        flag.unlink()
+        _, log = daemon.communicate(timeout=240)
+    except BaseException:
+        daemon.kill()
+        _, log = daemon.communicate(timeout=30)
+        if scale is not None and scale.poll() is None:
+            scale.kill()
+        print(log[-5000:])
+        raise
+    assert daemon.returncode == 0, log[-5000:]
+    counts = Counter(r["id"] for r in read_records(str(out), "batch-"))
+    assert len(counts) == n, f"{n - len(counts)} lines lost"
+    requeued = sum(int(line.split("requeued ")[1].split()[0]) for line in log.splitlines()
+                   if ": requeued " in line)
+    assert requeued > 0
+    assert sum(counts.values()) - n <= requeued, "more duplicates than the requeue took"
+    assert not list((short_tmp / "spool").glob("*.jsonl")), "spool not fully acked"
