@@ -282,7 +282,7 @@ class Daemon:
                     await sup.terminate_child(step.stage)
                     await sup.delete_child(step.stage)
             elif op == resize_mod.WINDOW:
-                self._send([reactions_mod.Send(step.stage, commands.Window(step.count))])
+                self.send([reactions_mod.Send(step.stage, commands.Window(step.count))])
             elif op == resize_mod.FORGET:
                 for stage in step.stages:
                     self.board.stats.pop(stage, None)

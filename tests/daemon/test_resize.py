@@ -243,9 +243,9 @@ def test_suspects_do_not_wait_for_a_leaving_processor_that_crashed():
     r.exited("processor_default_1", expected=False, reason="killed", record=record)
     r.exited("processor_default_0", expected=True)
     sends = r.restarting("PipelineSupervisor", ["ProcessorSupervisor"])
-    assert any(isinstance(s.command, commands.Requeue) and s.command.hold_suspects
+    assert any(isinstance(s.command, commands.Requeue) and s.command.quarantine
                for s in sends)
-    assert r.awaiting == {"processor_default_0"}
+    assert r.poison.awaiting == {"processor_default_0"}
     released = [s.stage for s in r.started("processor_default_0")
                 if isinstance(s.command, commands.ReleaseSuspects)]
     assert released == ["producer_0", "producer_1"]
