@@ -41,24 +41,19 @@ import tenacity
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ..redact import describe_error, mask_url
-from .base import (
+from ...redact import describe_error, mask_url
+from ..base import (
     Failure,
     Item,
     Source,
     backoff_wait,
     next_attempt,
-    option_float,
-    option_int,
-    option_max_message_bytes,
-    option_str,
     oversized,
 )
+from .settings import DEFAULT_URL, KNOWN_OPTIONS, NAME, parse_options
 
 log = logging.getLogger("offbroadway.sources.redis")
 
-DEFAULT_URL = "redis://127.0.0.1:6379/0"
-ON_FAILURE = ("dead_letter", "leave_pending")
 _CHUNK = 1000           # ids per XACK / XCLAIM command
 _HISTORY_ROUNDS = 8     # XREADGROUP history reads per fetch at most (skipping in-flight)
 _IDLE_POLL_MIN = 0.002  # first retry after an empty read; doubles up to poll_ms
@@ -128,35 +123,28 @@ class RedisStreamsSource(Source):
     consumer) plus ``redelivered`` (not ``new``).
     """
 
-    name = "redis"
-    known_options = frozenset({
-        "url", "stream", "group", "consumer", "create_group", "start_id", "block_ms",
-        "poll_ms", "claim_idle_ms", "on_failure", "dead_letter_stream",
-        "dead_letter_maxlen", "backoff_min", "backoff_max", "socket_timeout",
-        "max_message_bytes"})
+    name = NAME
+    known_options = KNOWN_OPTIONS
 
     def __init__(self, options: Mapping[str, Any], **kwargs: Any) -> None:
         super().__init__(options, **kwargs)
-        o, n = self.options, self.name
-        self.url: str = option_str(n, o, "url", DEFAULT_URL) or DEFAULT_URL
+        st = parse_options(self.options)
+        self.url: str = st.url
         self.url_masked = mask_url(self.url)
-        self.stream: str = option_str(n, o, "stream", None, required=True) or ""
-        self.group: str = option_str(n, o, "group", self.pipeline or "offbroadway") or ""
-        self.consumer: str = option_str(n, o, "consumer", None) or self._default_consumer()
-        self.create_group: bool = bool(o.get("create_group", True))
-        self.start_id: str = option_str(n, o, "start_id", "0") or "0"
-        self.block_ms: int = option_int(n, o, "block_ms", 0, minimum=0) or 0
-        self.poll_s: float = (option_int(n, o, "poll_ms", 50, minimum=1) or 50) / 1000
-        self.claim_idle_ms: int = option_int(n, o, "claim_idle_ms", 60_000, minimum=0) or 0
-        self.on_failure: str = o.get("on_failure", "dead_letter")
-        self.dead_letter_stream: str = (option_str(n, o, "dead_letter_stream", None)
-                                        or f"{self.stream}:dead")
-        self.dead_letter_maxlen: int | None = option_int(n, o, "dead_letter_maxlen", None,
-                                                         minimum=1)
-        self.socket_timeout = option_float(n, o, "socket_timeout", 5.0, minimum=0.1)
-        self.max_message_bytes = option_max_message_bytes(n, o)
-        self._backoff = _Backoff(option_float(n, o, "backoff_min", 0.05, minimum=0.001),
-                                 option_float(n, o, "backoff_max", 5.0, minimum=0.001))
+        self.stream: str = st.stream
+        self.group: str = st.group or self.pipeline or "offbroadway"
+        self.consumer: str = st.consumer or self._default_consumer()
+        self.create_group: bool = st.create_group
+        self.start_id: str = st.start_id
+        self.block_ms: int = st.block_ms
+        self.poll_s: float = st.poll_ms / 1000
+        self.claim_idle_ms: int = st.claim_idle_ms
+        self.on_failure: str = st.on_failure
+        self.dead_letter_stream: str = st.dead_letter_stream or f"{self.stream}:dead"
+        self.dead_letter_maxlen: int | None = st.dead_letter_maxlen
+        self.socket_timeout = st.socket_timeout
+        self.max_message_bytes = st.max_message_bytes
+        self._backoff = _Backoff(st.backoff_min, st.backoff_max)
         self._client: redis.Redis | None = None
         self._state = "new"
         self._last_error = ""
@@ -186,29 +174,7 @@ class RedisStreamsSource(Source):
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> None:
         super().validate_options(options)
-        n = cls.name
-        option_str(n, options, "url", DEFAULT_URL)
-        url = options.get("url", DEFAULT_URL)
-        if not str(url).startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"{n} source: option 'url' must be a redis://, rediss:// or "
-                             f"unix:// URL, got {mask_url(str(url))!r}")
-        option_str(n, options, "stream", None, required=True)
-        for key in ("group", "consumer", "dead_letter_stream", "start_id"):
-            option_str(n, options, key, None)
-        if not isinstance(options.get("create_group", True), bool):
-            raise ValueError(
-                f"{n} source: option 'create_group' must be true or false")
-        option_int(n, options, "block_ms", 0, minimum=0)
-        option_int(n, options, "poll_ms", 50, minimum=1)
-        option_int(n, options, "claim_idle_ms", 60_000, minimum=0)
-        option_int(n, options, "dead_letter_maxlen", None, minimum=1)
-        option_float(n, options, "socket_timeout", 5.0, minimum=0.1)
-        option_max_message_bytes(n, options)
-        lo = option_float(n, options, "backoff_min", 0.05, minimum=0.001)
-        option_float(n, options, "backoff_max", 5.0, minimum=lo)
-        if options.get("on_failure", "dead_letter") not in ON_FAILURE:
-            raise ValueError(f"{n} source: option 'on_failure' must be one of "
-                             f"{', '.join(ON_FAILURE)}, got {options.get('on_failure')!r}")
+        parse_options(options)
 
     def _default_consumer(self) -> str:
         instance = hashlib.sha1(os.path.abspath(self.state_dir or os.getcwd()).encode(),
