@@ -29,18 +29,22 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import pika
+from benchlib import (
+    free_port,
+    producer_acked,
+    producer_source,
+    sample_cpu,
+    start_daemon,
+    statuses,
+)
 
-REPO = Path(__file__).resolve().parent.parent
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 
 HANDLER = '''
@@ -152,15 +156,9 @@ def source_loop(queue: str, n: int, prefetch: int) -> dict:
             "cpu_us": cpu / got * 1e6}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def daemon_run(queue: str, n: int, processors: int, metrics: bool) -> dict:
-    from offbroadway.daemon import control
-
     tmp = Path(tempfile.mkdtemp(prefix="obr-", dir="/tmp"))
     (tmp / "bench_rmq.py").write_text(HANDLER)
     listen = f"127.0.0.1:{free_port()}" if metrics else ""
@@ -192,30 +190,21 @@ listen = "{listen}"
 dir = "{tmp}/run"
 state_dir = "{tmp}/state"
 """)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp), str(REPO)]))
-    daemon = subprocess.Popen([sys.executable, "-m", "offbroadway.daemon.cli", "run",
-                               str(config), "--until-idle"], cwd=tmp, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    daemon = start_daemon(tmp, config, "--until-idle")
     sock = str(tmp / "run" / "control.sock")
     first: tuple[float, int] | None = None
     last: tuple[float, int] = (0.0, 0)
     source: dict = {}
-    cpu: dict[str, float] = {}
-    while daemon.poll() is None:
-        try:
-            status = control.request(sock, {"cmd": "status"}, timeout=5)["status"]
-        except (control.ControlError, OSError, ValueError):   # not up yet, or stopping
-            time.sleep(0.05)
-            continue
-        acked = _producer_acked(status["tree"])
-        source = _producer_source(status["tree"]) or source
-        cpu = _stage_cpu(status["tree"], cpu)
+    cpu: dict[int, tuple[str, float, float, float]] = {}
+    for status in statuses(daemon, sock, 0.1):
+        acked = producer_acked(status["tree"])
+        source = producer_source(status["tree"]) or source
+        sample_cpu(status["tree"], cpu)
         now = time.perf_counter()
         if acked and first is None:
             first = (now, acked)
         if acked > last[1]:
             last = (now, acked)
-        time.sleep(0.1)
     out, err = daemon.communicate()
     shutil.rmtree(tmp, ignore_errors=True)
     if daemon.returncode != 0 or first is None:
@@ -225,37 +214,21 @@ state_dir = "{tmp}/state"
     seconds = last[0] - first[0]
     return {"messages": last[1], "seconds": seconds, "rate": (last[1] - first[1]) / seconds,
             "ack_frames": source.get("ack_frames"), "prefetch": source.get("prefetch_count"),
-            "cpu_us": sum(cpu.values()) / last[1] * 1e6,
-            "cpu_us_by_stage": {k: round(v / last[1] * 1e6, 1) for k, v in cpu.items()}}
+            "cpu_us": sum(c[1] for c in cpu.values()) / last[1] * 1e6,
+            "cpu_us_by_role": _by_role(cpu, last[1])}
 
 
-def _stage_cpu(tree: dict, seen: dict[str, float]) -> dict[str, float]:
-    """CPU seconds of every stage process as the daemon last reported them (the last
-    0.1 s of a stage's life is missed)."""
-    if tree.get("kind") == "worker" and "cpu_seconds" in tree:
-        seen[tree["id"]] = tree["cpu_seconds"]
-    for child in tree.get("children", []):
-        _stage_cpu(child, seen)
-    return seen
+def _by_role(cpu: dict[int, tuple[str, float, float, float]], n: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for role, total, _io, _system in cpu.values():
+        out[role] = out.get(role, 0.0) + total
+    return {k: round(v / n * 1e6, 1) for k, v in out.items()}
 
 
-def _producer_source(tree: dict) -> dict:
-    if tree["id"].startswith("producer_"):
-        return tree.get("messages", {}).get("source", {})
-    for child in tree.get("children", []):
-        found = _producer_source(child)
-        if found:
-            return found
-    return {}
 
 
-def _producer_acked(tree: dict) -> int:
-    total = 0
-    if tree["id"].startswith("producer_"):
-        total += tree.get("messages", {}).get("acked", 0)
-    for child in tree.get("children", []):
-        total += _producer_acked(child)
-    return total
+
+
 
 
 def main() -> None:
@@ -294,7 +267,7 @@ def main() -> None:
                 delete(queue)
             rates[who].append(res["rate"])
             extra = (f"; ack frames {res['ack_frames']}, prefetch {res['prefetch']}, CPU "
-                     f"µs/msg by stage {res['cpu_us_by_stage']}" if who == "offbroadway"
+                     f"µs/msg by role {res['cpu_us_by_role']}" if who == "offbroadway"
                      else "")
             print(f"round {r + 1} {who:<12} {res['rate']:9.0f} msgs/s "
                   f"({res['messages']} in {res['seconds']:.2f} s), CPU {res['cpu_us']:.1f} "

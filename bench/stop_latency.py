@@ -21,36 +21,17 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-
-HANDLER = '''
-from offbroadway import Pipeline
-
-class Noop(Pipeline):
-    def handle_message(self, processor, message, context):
-        return message.put_batcher("sink")
-
-    def handle_batch(self, batcher, messages, batch_info, context):
-        return messages
-'''
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from benchlib import NOOP_HANDLER, free_port, producer_messages, start_daemon, status
 
 
 def write_config(tmp: Path, metrics: bool) -> Path:
-    (tmp / "bench_stop.py").write_text(HANDLER)
+    (tmp / "bench_stop.py").write_text(NOOP_HANDLER)
     listen = f"127.0.0.1:{free_port()}" if metrics else ""
     config = tmp / "bench.toml"
     config.write_text(f"""
@@ -83,37 +64,21 @@ log_format = "json"
     return config
 
 
-def _producer(tree: dict) -> dict:
-    if tree["id"].startswith("producer_"):
-        return tree.get("messages", {})
-    for child in tree.get("children", []):
-        found = _producer(child)
-        if found:
-            return found
-    return {}
 
 
 def one_run(after: float, metrics: bool) -> dict:
-    from offbroadway.daemon import control
-
     tmp = Path(tempfile.mkdtemp(prefix="obs-", dir="/tmp"))
     try:
         config = write_config(tmp, metrics)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp), str(REPO)]))
-        daemon = subprocess.Popen([sys.executable, "-m", "offbroadway.daemon.cli", "run",
-                                   str(config)], cwd=tmp, env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        daemon = start_daemon(tmp, config)
         sock = str(tmp / "run" / "control.sock")
         deadline = time.monotonic() + 60
         while True:
             if daemon.poll() is not None or time.monotonic() > deadline:
                 daemon.kill()
                 raise SystemExit(f"daemon never got going:\n{daemon.stderr.read()[-3000:]}")
-            try:
-                status = control.request(sock, {"cmd": "status"}, timeout=5)["status"]
-            except (control.ControlError, OSError, ValueError):
-                status = None
-            if status and _producer(status["tree"]).get("acked", 0) > 0:
+            now = status(sock)
+            if now and producer_messages(now["tree"]).get("acked", 0) > 0:
                 break
             time.sleep(0.05)
         time.sleep(after)

@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 import psutil
+from benchlib import NOOP_HANDLER, producer_acked, sample_cpu, start_daemon, statuses
 
 REPO = Path(__file__).resolve().parent.parent
 ROLES = ("producer", "processor", "batcher", "batch_processor")
@@ -97,22 +98,11 @@ def ceiling_run(path: Path, messages: int) -> dict:
 
 # -- the daemon ---------------------------------------------------------------------------------
 
-HANDLER = '''
-from offbroadway import Pipeline
-
-class Noop(Pipeline):
-    def handle_message(self, processor, message, context):
-        return message.put_batcher("sink")
-
-    def handle_batch(self, batcher, messages, batch_info, context):
-        return messages
-'''
-
 
 def daemon_run(messages: int, payload_bytes: int, dispatcher: str, producers: int = 1,
                max_demand: int | None = None) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="obd-", dir="/tmp"))
-    (tmp / "bench_noop.py").write_text(HANDLER)
+    (tmp / "bench_noop.py").write_text(NOOP_HANDLER)
     demand = "" if max_demand is None else f"max_demand = {max_demand}\n"
     config = tmp / "bench.toml"
     config.write_text(f"""
@@ -144,12 +134,8 @@ listen = ""
 dir = "{tmp}/run"
 state_dir = "{tmp}/state"
 """)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp), str(REPO)]))
-    daemon = subprocess.Popen([sys.executable, "-m", "offbroadway.daemon.cli", "run",
-                               str(config), "--until-idle"], cwd=tmp, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    daemon = start_daemon(tmp, config, "--until-idle", stdout=subprocess.DEVNULL)
     sock = str(tmp / "run" / "control.sock")
-    from offbroadway.daemon import control
 
     first: tuple[float, int, dict] | None = None
     last: tuple[float, int, dict] = (time.perf_counter(), 0, {})
@@ -157,14 +143,9 @@ state_dir = "{tmp}/state"
     frames: dict[str, tuple[int, int, int, int]] = {}
     # pid -> latest (role, cpu, io cpu): a stage that exited keeps its last sample
     cpu: dict[int, tuple[str, float, float, float]] = {}
-    while daemon.poll() is None:
-        try:
-            status = control.request(sock, {"cmd": "status"}, timeout=5)["status"]
-        except (control.ControlError, OSError, ValueError):   # not up yet, or stopping
-            time.sleep(0.1)
-            continue
-        acked = _producer_acked(status["tree"])
-        _stage_cpu(status["tree"], cpu)
+    for status in statuses(daemon, sock, 0.2):
+        acked = producer_acked(status["tree"])
+        sample_cpu(status["tree"], cpu)
         _stage_frames(status["tree"], frames)
         now = time.perf_counter()
         if acked and first is None:
@@ -172,7 +153,6 @@ state_dir = "{tmp}/state"
         if acked > last[1]:
             last = (now, acked, dict(cpu))
         peak = max(peak, _tree_pss([daemon.pid]))
-        time.sleep(0.2)
     err = daemon.stderr.read() if daemon.stderr else ""
     shutil.rmtree(tmp, ignore_errors=True)
     if daemon.returncode != 0 or first is None or last[1] <= first[1]:
@@ -201,25 +181,8 @@ state_dir = "{tmp}/state"
             "kernel_us_per_message": round(sys_us, 2)}
 
 
-def _role(stage_id: str) -> str:
-    return next((r for r in ("batch_processor", "batcher", "processor", "producer")
-                 if stage_id.startswith(r)), stage_id)
 
 
-def _stage_cpu(tree: dict, seen: dict[int, tuple[str, float, float, float]]) -> None:
-    """Every stage process's CPU seconds so far by pid: (role, whole process, threads other
-    than the main one, i.e. ZeroMQ's I/O threads, of the whole the kernel's share)."""
-    pid = tree.get("pid")
-    if pid and tree.get("kind") == "worker":
-        try:
-            proc = psutil.Process(pid)
-            t = proc.cpu_times()
-            io = sum(th.user_time + th.system_time for th in proc.threads() if th.id != pid)
-            seen[pid] = (_role(tree["id"]), t.user + t.system, io, t.system)
-        except psutil.Error:
-            pass
-    for child in tree.get("children", []):
-        _stage_cpu(child, seen)
 
 
 def _stage_frames(tree: dict, seen: dict[str, tuple[int, int, int, int]]) -> None:
@@ -233,13 +196,6 @@ def _stage_frames(tree: dict, seen: dict[str, tuple[int, int, int, int]]) -> Non
         _stage_frames(child, seen)
 
 
-def _producer_acked(tree: dict) -> int:
-    total = 0
-    if tree["id"].startswith("producer_"):
-        total += tree.get("messages", {}).get("acked", 0)
-    for child in tree.get("children", []):
-        total += _producer_acked(child)
-    return total
 
 
 def _line(label: str, r: dict, ceiling: float | None) -> str:
