@@ -5,24 +5,20 @@ exactly the failed messages in the dead-letter target."""
 from __future__ import annotations
 
 import json
-import subprocess
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from tests.brokers.conftest import AMQP_URL, REDIS_URL, unique
-from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
-from tests.e2e.handlers import read_records
+from tests.brokers.daemons import failed as failed_in
+from tests.brokers.daemons import handled as handled_in
+from tests.brokers.daemons import run, side_by_side
+from tests.conftest import wait_until
 from tests.e2e.test_pipeline import make_config
 
 pytestmark = pytest.mark.broker
 N = 10_000
-
-
-def run(config: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
-                          env=test_env(), capture_output=True, text=True, timeout=240)
 
 
 def test_rabbitmq_pipeline_acks_everything_and_dead_letters_exactly_the_failed(
@@ -38,8 +34,7 @@ def test_rabbitmq_pipeline_acks_everything_and_dead_letters_exactly_the_failed(
                          batchers={"default": {"batch_size": 200, "batch_timeout": 0.2}})
     proc = run(config)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    handled = Counter(r["id"] for r in read_records(str(short_tmp / "out"), "batch-"))
-    failed = {r["id"] for r in read_records(str(short_tmp / "out"), "failed-")}
+    handled, failed = handled_in(short_tmp), failed_in(short_tmp)
     expected_failed = {f"m{i}" for i in range(N) if i % 100 == 7}
     assert failed == expected_failed
     assert set(handled) == {f"m{i}" for i in range(N)} - expected_failed
@@ -69,8 +64,7 @@ def test_redis_pipeline_acks_everything_and_dead_letters_exactly_the_failed(
     try:
         proc = run(config)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        handled = Counter(r["id"] for r in read_records(str(short_tmp / "out"), "batch-"))
-        failed = {r["id"] for r in read_records(str(short_tmp / "out"), "failed-")}
+        handled, failed = handled_in(short_tmp), failed_in(short_tmp)
         expected_failed = {e for seq, e in enumerate(ids) if seq % 100 == 7}
         assert failed == expected_failed
         assert set(handled) == entry_ids - expected_failed
@@ -86,34 +80,24 @@ def test_two_daemons_on_one_queue_share_the_work_without_doubles(short_tmp: Path
                                                                   rabbit) -> None:
     queue = rabbit.queue()
     n = 4000
-    daemons = []
+    configs = []
     for name in ("a", "b"):
         tmp = short_tmp / name
         tmp.mkdir()
-        config = make_config(tmp, handler="tests.brokers.handlers:JsonBody", source="rabbitmq",
-                             context={"slow": 0.0005},
-                             options={"url": AMQP_URL, "queue": queue},
-                             batchers={"default": {"batch_size": 100, "batch_timeout": 0.2}})
-        daemons.append((tmp, subprocess.Popen(
-            offbroadway_cmd("run", str(config)), cwd=REPO, env=test_env(),
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
-    try:
-        for tmp, _ in daemons:   # both consuming before anything is published
-            wait_until(lambda t=tmp: (t / "run" / "control.sock").exists(), timeout=60,
-                       message="both daemons up")
+        configs.append((tmp, make_config(
+            tmp, handler="tests.brokers.handlers:JsonBody", source="rabbitmq",
+            context={"slow": 0.0005}, options={"url": AMQP_URL, "queue": queue},
+            batchers={"default": {"batch_size": 100, "batch_timeout": 0.2}})))
+    with side_by_side(configs) as side:
         for i in range(n):
             rabbit.ch.basic_publish("", queue, json.dumps({"seq": i}).encode(), rabbit_props(i))
 
         def handled() -> list[Counter]:
-            return [Counter(r["id"] for r in read_records(str(t / "out"), "batch-"))
-                    for t, _ in daemons]
+            return [handled_in(t) for t in side.dirs]
 
         wait_until(lambda: sum(len(c) for c in handled()) >= n, timeout=120,
                    message="every message handled by one daemon or the other")
-    finally:
-        for _, d in daemons:
-            d.terminate()
-        codes = [d.wait(60) for _, d in daemons]
+    codes = side.codes
     assert codes == [0, 0]
     a, b = handled()
     assert set(a) | set(b) == {f"m{i}" for i in range(n)}

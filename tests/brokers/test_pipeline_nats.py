@@ -7,30 +7,20 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.brokers.daemons import failed as failed_in
+from tests.brokers.daemons import handled, reap, run, side_by_side, start
 from tests.brokers.natsutil import NATS_URL, Jet
-from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
-from tests.e2e.handlers import read_records
+from tests.conftest import wait_until
 from tests.e2e.test_pipeline import make_config, stage_pids
 
 pytestmark = pytest.mark.broker
 N = 10_000
-
-
-def run(config: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
-                          env=test_env(), capture_output=True, text=True, timeout=240)
-
-
-def handled(tmp: Path) -> Counter:
-    return Counter(r["id"] for r in read_records(str(tmp / "out"), "batch-"))
 
 
 def test_nats_pipeline_acks_everything_and_dead_letters_exactly_the_failed(
@@ -48,7 +38,7 @@ def test_nats_pipeline_acks_everything_and_dead_letters_exactly_the_failed(
     proc = run(config)
     assert proc.returncode == 0, proc.stderr[-3000:]
     done = handled(short_tmp)
-    failed = {r["id"] for r in read_records(str(short_tmp / "out"), "failed-")}
+    failed = failed_in(short_tmp)
     expected_failed = {f"m{i}" for i in range(N) if i % 100 == 7}
     assert failed == expected_failed
     assert set(done) == set(ids) - expected_failed
@@ -63,30 +53,21 @@ def test_two_daemons_on_one_durable_share_the_work_without_doubles(short_tmp: Pa
                                                                    jet: Any) -> None:
     stream = jet.stream()
     n = 4000
-    daemons = []
+    configs = []
     for name in ("a", "b"):
         tmp = short_tmp / name
         tmp.mkdir()
-        config = make_config(tmp, handler="tests.brokers.handlers:JsonBody", source="nats",
-                             context={"slow": 0.0005},
-                             options={"url": NATS_URL, "stream": stream},
-                             batchers={"default": {"batch_size": 100, "batch_timeout": 0.2}})
-        daemons.append((tmp, subprocess.Popen(
-            offbroadway_cmd("run", str(config)), cwd=REPO, env=test_env(),
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
-    try:
-        for tmp, _ in daemons:   # both pulling before anything is published
-            wait_until(lambda t=tmp: (t / "run" / "control.sock").exists(), timeout=60,
-                       message="both daemons up")
+        configs.append((tmp, make_config(
+            tmp, handler="tests.brokers.handlers:JsonBody", source="nats",
+            context={"slow": 0.0005}, options={"url": NATS_URL, "stream": stream},
+            batchers={"default": {"batch_size": 100, "batch_timeout": 0.2}})))
+    with side_by_side(configs) as side:
         ids = jet.publish(stream, [json.dumps({"seq": i}).encode() for i in range(n)])
-        wait_until(lambda: sum(len(handled(t)) for t, _ in daemons) >= n, timeout=120,
+        wait_until(lambda: sum(len(handled(t)) for t in side.dirs) >= n, timeout=120,
                    message="every message handled by one daemon or the other")
-    finally:
-        for _, d in daemons:
-            d.terminate()
-        codes = [d.wait(60) for _, d in daemons]
+    codes = side.codes
     assert codes == [0, 0]
-    a, b = (handled(t) for t, _ in daemons)
+    a, b = (handled(t) for t in side.dirs)
     assert set(a) | set(b) == set(ids)
     assert not set(a) & set(b), "a message was handled by both daemons"
     assert max((a + b).values()) == 1
@@ -112,9 +93,7 @@ def test_server_killed_and_restarted_mid_run_loses_nothing(short_tmp: Path,
                          options={"url": own_nats.url, "stream": stream,
                                   "backoff_max": 0.5, "ack_wait": 5},
                          batchers={"default": {"batch_size": 100, "batch_timeout": 0.2}})
-    daemon = subprocess.Popen(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
-                              env=test_env(), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
+    daemon = start(config, "--until-idle")
     try:
         wait_until(lambda: len(handled(short_tmp)) >= 1000, timeout=120,
                    message="a first part handled")
@@ -124,9 +103,7 @@ def test_server_killed_and_restarted_mid_run_loses_nothing(short_tmp: Path,
         own_nats.start()
         assert daemon.wait(180) == 0, daemon.stderr.read()[-3000:] if daemon.stderr else ""
     finally:
-        if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait(30)
+        reap(daemon)
     done = handled(short_tmp)
     assert before < n, "the kill came after everything was handled: nothing was tested"
     assert set(done) == set(ids)
@@ -152,9 +129,7 @@ def test_stages_sigkilled_mid_run_lose_nothing(short_tmp: Path, jet: Any) -> Non
                          options={"url": NATS_URL, "stream": stream, "ack_wait": 3},
                          batchers={"default": {"batch_size": 100, "batch_timeout": 0.2}})
     control = short_tmp / "run" / "control.sock"
-    daemon = subprocess.Popen(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
-                              env=test_env(), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
+    daemon = start(config, "--until-idle")
     try:
         wait_until(control.exists, timeout=60, message="control socket")
         for victim, after in (("processor_default_0", 1000), ("producer_0", 2500)):
@@ -163,9 +138,7 @@ def test_stages_sigkilled_mid_run_lose_nothing(short_tmp: Path, jet: Any) -> Non
             os.kill(stage_pids(control)[victim], signal.SIGKILL)
         assert daemon.wait(180) == 0, daemon.stderr.read()[-3000:] if daemon.stderr else ""
     finally:
-        if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait(30)
+        reap(daemon)
     done = handled(short_tmp)
     assert set(done) == set(ids)
     info = jet.consumer(stream, "e2e")
