@@ -216,7 +216,7 @@ class Daemon:
             return {"ok": False, "error": f"scale refused: {exc}"}
         return await self.resize(new, "offbroadway scale")
 
-    async def resize(self, new_config: Any, why: str) -> dict:
+    async def resize(self, new_config: Config, why: str) -> dict:
         """Take the running pipeline to ``new_config``'s concurrencies (:mod:`.resize`):
         the planner orders the steps, this carries them out."""
         if self._stop.is_set() or self.terminator.draining:
@@ -244,7 +244,7 @@ class Daemon:
             log.info("%s: done, %s", why, resize_mod.shape(new))
             return {"ok": True, "message": change}
 
-    async def _carry_out(self, steps: list[resize_mod.Step], config: Any,
+    async def _carry_out(self, steps: list[resize_mod.Step], config: Config,
                          topology: topo_mod.Topology) -> None:
         for step in steps:
             if self._stop.is_set():

@@ -31,9 +31,13 @@ takes what it held with it, so the producers hand everything in flight back to t
   (:meth:`Reactions.left`): its exit after that is a planned stop and loses nothing.  One
   that dies before it has left is lost like any other, and until it is gone it is still
   announced a restarted upstream (so it stops waiting for that upstream's answer).
-* **Resubscribe only to live stages**: a restarted stage is announced to its consumers
-  (``StageSpec.upstream``) that are up; restarting ones subscribe on their own when they
-  start (in a processor cascade the batchers restart after the processors).
+* **Resubscribe, once, to live stages** (the one path by which a consumer learns that
+  its upstream restarted: its "unknown subscription" answer only voids what was out): a
+  restarted stage is announced to its consumers (``StageSpec.upstream``) that are up;
+  restarting ones subscribe on their own when they start, and are told at their start of
+  an upstream that died while they were starting (their subscription may have reached the
+  incarnation that died).  In a processor cascade the batchers restart after the
+  processors: nothing to announce.
 
 The shell (:mod:`.app`) reads the blame record (:func:`.poison.read_blame`), sends the
 commands and logs the ones a stage could not take; the poison state of a cascade is
@@ -133,6 +137,11 @@ class Reactions:
         self.leaving: dict[str, StageSpec] = {}
         #: those of them that finished leaving: their exit loses nothing
         self.departed: set[str] = set()
+        #: a counter of events, when each stage last went down, and when each was last
+        #: about to be started again (its plan's Restarting: it is spawned after that)
+        self._clock = 0
+        self._down_at: dict[str, int] = {}
+        self._restarted_at: dict[str, int] = {}
 
     # -- resizes ----------------------------------------------------------------------------
     def adopt(self, topology: Topology) -> None:
@@ -178,6 +187,8 @@ class Reactions:
         Nothing is sent yet: a restart (:meth:`restarting`) or nothing (a planned stop)
         follows."""
         self.alive.discard(child_id)
+        self._clock += 1
+        self._down_at[child_id] = self._clock
         if child_id in self.departed:
             return []     # left the pipeline (a resize) holding nothing: a planned stop
         downstream = self.topology.is_downstream(child_id) or child_id in self.leaving
@@ -203,6 +214,9 @@ class Reactions:
     def restarting(self, supervisor_id: str, children: Iterable[str] = (),
                    reason: str = "") -> list[Send]:
         """A restart plan's terminations are done: requeue once if anything was lost."""
+        self._clock += 1
+        for w in self.tree.workers(c for c in children if c in self.tree.node):
+            self._restarted_at[w] = self._clock
         if not self.lost:
             return []
         why = f"{', '.join(self.lost)} down: {reason}" if reason else \
@@ -227,6 +241,14 @@ class Reactions:
         self.alive.add(child_id)
         out = [Send(c, commands.Resubscribe(child_id))
                for c in self.topology.consumers(child_id) if c in self.alive]
+        # and its own upstreams that died after it was about to start (and are up again,
+        # unannounced to it): the subscription it sent at its start may have reached the
+        # incarnation that died.  One that died before went to the new one.
+        spec = self.topology.specs.get(child_id)
+        since = self._restarted_at.get(child_id, 0)
+        for up in spec.upstream if spec is not None else ():
+            if up in self.alive and self._down_at.get(up, -1) > since:
+                out.append(Send(child_id, commands.Resubscribe(up)))
         # a leaving stage waits for its upstreams' answers: a restarted one has none
         out += [Send(c, commands.Resubscribe(child_id)) for c, spec in self.leaving.items()
                 if child_id in spec.upstream and c in self.alive]

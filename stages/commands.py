@@ -20,11 +20,13 @@ record              to                  why
 Shutdown            producers           the drain: stop fetching, flush, cancel consumers
 NoResubscribe       producers' consumers  the drain: a restarted producer is not
                                         subscribed to again (Broadway's terminator)
-Resubscribe         a stage's consumers  that upstream restarted: subscribe afresh
+Resubscribe         a stage's consumers  that upstream restarted: subscribe afresh (the
+                                        one path; in the drain, it is done instead)
 Requeue             producers           a crash cascade lost what it held: hand every
                                         message in flight back to the source (with the
                                         crash's :class:`CrashBlame`, if any)
-ReleaseSuspects     producers           the processors are back: held suspects may run
+ReleaseSuspects     producers           the processors are back: quarantined suspects
+                                        may run
 Pause / Resume      producers           operator drain / resume
 Flush               batchers            operator drain: partial batches now
 Batching            batchers            reload: new batch_size / batch_timeout

@@ -16,8 +16,8 @@ Two ways to ask for events, chosen per stage:
 A stage may stop asking (``can_ask``: back-pressure) when its own output is backed up: that is how
 back-pressure reaches the source.  An upstream that cancels with "shutdown" is done; when
 every upstream is done the stage flushes (``on_upstream_done``).  An upstream that
-restarted (it answers an ask with "unknown subscription", or the daemon says so) is
-subscribed to afresh.
+restarted is subscribed to afresh when the daemon says so (one path: its answer
+"unknown subscription" to an ask only voids what was out there).
 
 A consumer that leaves a running pipeline (a resize) cancels its subscriptions
 (:meth:`Subscriptions.leave`); each upstream answers with a cancel of its own after the
@@ -126,9 +126,10 @@ class Subscriptions:
         self._apply(self.budget.unsubscribed(up.index))
 
     def resubscribe_to(self, stage_id: str) -> None:
-        """``stage_id`` restarted (the daemon says so): subscribe to it afresh, unless the
-        drain said not to.  Leaving, it is done: the new incarnation knows no subscription
-        of ours to answer, and what the old one sent went back to the source with it."""
+        """``stage_id`` restarted (the daemon says so): subscribe to it afresh.  Leaving, or
+        in the drain (no resubscribe), it is done instead: the new incarnation knows no
+        subscription of ours to answer, and what the old one sent went back to the source
+        with it."""
         up = self.find(stage_id)
         if up is None:
             return
@@ -136,6 +137,11 @@ class Subscriptions:
             self.cancelled(up, "restarted while we left")
         elif self.resubscribe:
             self.subscribe(up)
+        else:
+            # the drain: Broadway's terminator told us not to resubscribe, so an upstream
+            # that went away is done (its successor is told to shut down; what the old one
+            # sent went back to the source with it)
+            self.cancelled(up, "restarted during the drain")
 
     def on_frame(self, up: Upstream, msg: list) -> None:
         """SUBSCRIBED, RETRACTED and CANCEL from an upstream (events go through
@@ -203,9 +209,10 @@ class Subscriptions:
         if up.done:
             return
         if reason == "unknown subscription" and not self.leaving:
-            if self.resubscribe:
-                self.subscribe(up)
-            elif self.budget is not None and up.mode != CLASSIC:
+            # the upstream restarted and knows us no more: what was out there is void, and
+            # the daemon's resubscribe (sent once the new incarnation is up) is the one
+            # path that subscribes again (:meth:`resubscribe_to`)
+            if self.budget is not None and up.mode != CLASSIC:
                 self._apply(self.budget.unsubscribed(up.index))
         else:
             up.done = True

@@ -3,9 +3,10 @@
 Producers, processors (towards batchers) and batchers (towards batch processors) all bind
 a ROUTER that consumers subscribe to; this class is that shared half, so the rules live in
 one place: a subscription the dispatcher refuses is cancelled back ("bad subscription"), an
-ask from a consumer we do not know is answered "unknown subscription" (we restarted, so it
-must subscribe again), a send that fails means the consumer is gone (ROUTER_MANDATORY) and
-its events go back to be dispatched to the others.  A subscription is answered SUBSCRIBED
+ask from a consumer we do not know is answered "unknown subscription" (we restarted: what
+it had out here is void; the daemon tells it to subscribe again), a send that fails means
+the consumer is gone (ROUTER_MANDATORY) and its events go back to be dispatched to the
+others.  A subscription is answered SUBSCRIBED
 with the dispatcher's policy (the consumer asks nothing before it), a RETRACT with
 RETRACTED and the amount actually taken back; both answers go out after every event already
 sent to that consumer, which is what makes the consumer's demand accounting exact

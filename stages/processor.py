@@ -180,6 +180,7 @@ class ProcessorStage(Stage):
 
     def _on_resubscribe(self, command: commands.Resubscribe) -> None:
         self.subs.resubscribe_to(command.upstream)
+        self._maybe_finish()      # in the drain, a restarted upstream is done
 
     def _on_leave(self, _: commands.Leave) -> None:
         """A resize removes this processor: stop asking, cancel every subscription, finish

@@ -12,6 +12,7 @@ from offbroadway.daemon.config import validate
 from offbroadway.daemon.reactions import Reactions, cascade, restart_target
 from offbroadway.stages.blame import Blame, Suspect
 from offbroadway.stages.commands import Resubscribe
+from offbroadway.supervision.strategy import affected
 
 P, C, B = 2, 3, 2   # producers, processors, batchers (each with 2 batch processors)
 
@@ -48,7 +49,9 @@ def _crash_cascade(r: Reactions, crashed: str, record: Blame | None = None,
         exits = [s for s in reversed(members) if s != crashed]
     for sid in exits:
         out += r.exited(sid, expected=True, reason="exited normally (code 0)")
-    out += r.restarting(r.tree.parent[target].id, (target,), "a plan")
+    parent = r.tree.parent[target]
+    plan = affected(parent.strategy, [c.id for c in parent.children], target)
+    out += r.restarting(parent.id, tuple(plan), "a plan")
     for sid in members:
         out += r.started(sid)
     return out
@@ -268,3 +271,33 @@ def test_what_a_restart_hands_back_to_the_source() -> None:
     # nothing downstream lost since the last restart, no producer among the children:
     # nothing goes back to the source
     assert not r.hands_back(("committer_b0",))
+
+
+def test_a_consumer_restarting_while_its_producer_restarts_is_told_at_its_start() -> None:
+    """The one path for a producer's restart is the daemon's resubscribe: a processor
+    starting when the producer died (its subscription may have reached the incarnation
+    that died) is told when it is up; one restarted after the producer died subscribed to
+    the new incarnation at its start, and is told nothing."""
+    r = Reactions(_topology(batchers=0))
+    _up(r)
+    cmds = r.exited("processor_default_0", expected=False, reason="killed")
+    for sid in ("processor_default_2", "processor_default_1"):
+        cmds += r.exited(sid, expected=True)
+    cmds += r.restarting("PipelineSupervisor", ("ProcessorSupervisor",))
+    # the processors are starting; producer_1 dies and is back before they are up
+    cmds += r.exited("producer_1", expected=False, reason="killed")
+    cmds += r.started("producer_1")     # no processor up: nobody told yet
+    assert not [c for c in cmds if c.command.NAME == "resubscribe"]
+    for sid in r.topology.processors:
+        cmds = r.started(sid)
+        assert [(c.stage, c.command) for c in cmds] == [(sid, Resubscribe("producer_1"))]
+
+    # producer_0 died before the processors' plan started them: nothing to tell
+    cmds = r.exited("producer_0", expected=False, reason="killed")
+    for sid in reversed(r.topology.processors):
+        cmds += r.exited(sid, expected=True)
+    cmds += r.restarting("PipelineSupervisor", ("ProcessorSupervisor",))
+    cmds += r.started("producer_0")
+    for sid in r.topology.processors:
+        cmds += r.started(sid)
+    assert not [c for c in cmds if c.command.NAME == "resubscribe"]

@@ -142,8 +142,8 @@ class Net:
             self.held[c].extend((p, e) for e in frame[1])
         elif frame[0] == "retracted":
             self.send(c, b.retracted(p, frame[1]))
-        else:                                  # the producer restarted: subscribe again
-            self.resubscribe(c, p)
+        else:        # the producer restarted: void what was out (the daemon resubscribes)
+            self.send(c, b.unsubscribed(p))
         return True
 
     def resubscribe(self, c: int, p: int) -> None:
