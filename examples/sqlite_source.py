@@ -27,7 +27,7 @@ import os
 import re
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from offbroadway.stages.sources.base import (
@@ -110,9 +110,7 @@ class SQLiteQueueSource(Source):
             rows = db.execute(
                 f"SELECT id, body FROM {self.table} WHERE leased = 0 AND id % ? = ? "
                 f"ORDER BY id LIMIT ?", (self.producer_count, self.producer_index, n)).fetchall()
-            for chunk in _chunks([r[0] for r in rows]):
-                db.execute(f"UPDATE {self.table} SET leased = 1 WHERE id IN "
-                           f"({','.join('?' * len(chunk))})", chunk)
+            _where_id_in(db, f"UPDATE {self.table} SET leased = 1", [r[0] for r in rows])
         self._leased.update(r[0] for r in rows)
         self.fetched += len(rows)
         return [(f"{self.table}:{row_id}", _parse(body), {"row": row_id}, row_id)
@@ -120,9 +118,7 @@ class SQLiteQueueSource(Source):
 
     def ack(self, handles: list[Any]) -> None:
         with self._transaction() as db:
-            for chunk in _chunks(handles):
-                db.execute(f"DELETE FROM {self.table} WHERE id IN "
-                           f"({','.join('?' * len(chunk))})", chunk)
+            _where_id_in(db, f"DELETE FROM {self.table}", handles)
         self._leased.difference_update(handles)
         self.acked += len(handles)
 
@@ -139,9 +135,7 @@ class SQLiteQueueSource(Source):
 
     def requeue(self, handles: list[Any]) -> None:
         with self._transaction() as db:
-            for chunk in _chunks(handles):
-                db.execute(f"UPDATE {self.table} SET leased = 0 WHERE id IN "
-                           f"({','.join('?' * len(chunk))})", chunk)
+            _where_id_in(db, f"UPDATE {self.table} SET leased = 0", handles)
         self._leased.difference_update(handles)
         self.requeued += len(handles)
 
@@ -182,9 +176,12 @@ class _Transaction:
         self.db.execute("ROLLBACK" if exc_type else "COMMIT")
 
 
-def _chunks(ids: list[int]) -> Iterator[list[int]]:
+def _where_id_in(db: sqlite3.Connection, statement: str, ids: list[int]) -> None:
+    """``statement WHERE id IN (...)`` for every id, in chunks of ``_CHUNK`` (SQLite limits
+    the parameters of one statement)."""
     for i in range(0, len(ids), _CHUNK):
-        yield ids[i:i + _CHUNK]
+        chunk = ids[i:i + _CHUNK]
+        db.execute(f"{statement} WHERE id IN ({','.join('?' * len(chunk))})", chunk)
 
 
 def _parse(body: str) -> Any:
