@@ -77,12 +77,15 @@ def children_up(port: int) -> set[str]:
 
 def resize_midstream(tmp: Path, config: Path, port: int, total: int,
                      handled: Callable[[], int],
-                     then: Callable[[str], None] = lambda sock: None) -> dict:
+                     then: Callable[[str], None] = lambda sock: None,
+                     env: dict[str, str] | None = None) -> dict:
     """Run ``config`` --until-idle, carry out :data:`SEQUENCE` while messages flow, check
     the shape after each step, call ``then(socket)``, and return the daemon's
     stdout/stderr and last status."""
     sock = str(tmp / "run" / "control.sock")
-    daemon = start_daemon(config, "--until-idle")
+    daemon = subprocess.Popen(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
+                              env=env or test_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
     try:
         wait_until(lambda: handled() >= total // 10, timeout=90, message="messages flow")
         for words, n_proc, n_bp in SEQUENCE:
