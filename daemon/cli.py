@@ -266,10 +266,16 @@ def _version() -> str:
         return "unknown"
 
 
+#: seconds ``scale`` (and ``reload``) wait for the daemon: a shrink waits for what the
+#: removed stages hold (bounded by the daemon's shutdown_timeout, then they are restarted out)
+SCALE_TIMEOUT = 3600.0
+
+
 def cmd_reload(args: argparse.Namespace) -> int:
     """Re-read the config: what may change live is applied, anything else refused (one line
-    naming the key) with the pipeline untouched.  The same as SIGHUP."""
-    print(f"reload: {_call(args, {'cmd': 'reload'})['applied']}")
+    naming the key) with the pipeline untouched.  The same as SIGHUP.  A concurrency
+    change is a resize: the answer waits for it, as ``scale`` does."""
+    print(f"reload: {_call(args, {'cmd': 'reload'}, SCALE_TIMEOUT)['applied']}")
     return 0
 
 
@@ -286,11 +292,6 @@ def cmd_rate_limit(args: argparse.Namespace) -> int:
         payload["limit"] = args.limit
     print(f"rate limit: {describe_rate_limit(_call(args, payload)['rate_limit'])}")
     return 0
-
-
-#: seconds ``scale`` waits for the daemon: a shrink waits for what the removed stages hold
-#: (bounded by the daemon's shutdown_timeout, then they are restarted out)
-SCALE_TIMEOUT = 3600.0
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
