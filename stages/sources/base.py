@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..protocol import MAX_FRAME_BYTES
+from ..redact import mask_url
 
 # (message id, data, metadata, handle).  The handle never leaves the producer process, so it
 # may be any Python object that is cheap to keep: an int, a tuple, a record.
@@ -244,6 +245,13 @@ def backoff_wait(minimum: float, maximum: float) -> Callable[[Any], float]:
         cap = min(maximum, minimum * 2 ** min(n - 1, 60))
         return cap / 2 + random.uniform(0, cap / 2)
     return wait
+
+
+def not_contacted(server: str, url: str, what: str) -> str:
+    """A broker source's note from ``check`` (:meth:`Source.preflight`): validation does
+    not connect, so whether the broker answers shows only when the daemon runs."""
+    return (f"{server} at {mask_url(url)} is not contacted by check: whether it is "
+            f"reachable, and {what} usable, shows only when the daemon runs")
 
 
 def next_attempt(delay: float) -> str:

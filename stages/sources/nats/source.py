@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...redact import mask_url
-from ..base import Failure, Item, Source
+from ..base import Failure, Item, Source, not_contacted
 from ..mailbox import Mailbox
 from .connection import JetStreamPuller
 from .settings import DEFAULT_PREFETCH, KNOWN_OPTIONS, NAME, NatsSettings, parse_options
@@ -49,9 +49,7 @@ class NatsSource(Source):
     @classmethod
     def preflight(cls, options: Mapping[str, Any]) -> list[str]:
         s = parse_options(options)
-        return [f"NATS at {mask_url(s.url)} is not contacted by check: whether it is "
-                f"reachable, and the stream {s.stream!r} usable, shows only when the daemon "
-                f"runs"]
+        return [not_contacted("NATS", s.url, f"the stream {s.stream!r}")]
 
     # -- lifecycle -----------------------------------------------------------------------------
     def open(self) -> None:

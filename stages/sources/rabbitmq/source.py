@@ -26,13 +26,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...redact import describe_error, mask_url
-from ..base import Failure, Item, Source
+from ..base import Failure, Item, Source, not_contacted
 from ..mailbox import Mailbox
 from .connection import Consumer
 from .settings import (
     AMQP_MAX_PREFETCH,
     DEFAULT_PREFETCH,
-    DEFAULT_URL,
     KNOWN_OPTIONS,
     NAME,
     RabbitMQSettings,
@@ -79,9 +78,8 @@ class RabbitMQSource(Source):
 
     @classmethod
     def preflight(cls, options: Mapping[str, Any]) -> list[str]:
-        url = mask_url(str(options.get("url", DEFAULT_URL)))
-        return [f"RabbitMQ at {url} is not contacted by check: whether it is reachable, and "
-                f"the stream/queue usable, shows only when the daemon runs"]
+        s = parse_options(options)
+        return [not_contacted("RabbitMQ", s.url, f"the queue {s.queue!r}")]
 
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> None:

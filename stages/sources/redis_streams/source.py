@@ -48,9 +48,10 @@ from ..base import (
     Source,
     backoff_wait,
     next_attempt,
+    not_contacted,
     oversized,
 )
-from .settings import DEFAULT_URL, KNOWN_OPTIONS, NAME, parse_options
+from .settings import KNOWN_OPTIONS, NAME, parse_options
 
 log = logging.getLogger("offbroadway.sources.redis")
 
@@ -167,9 +168,8 @@ class RedisStreamsSource(Source):
 
     @classmethod
     def preflight(cls, options: Mapping[str, Any]) -> list[str]:
-        url = mask_url(str(options.get("url", DEFAULT_URL)))
-        return [f"Redis at {url} is not contacted by check: whether it is reachable, and "
-                f"the stream/queue usable, shows only when the daemon runs"]
+        s = parse_options(options)
+        return [not_contacted("Redis", s.url, f"the stream {s.stream!r}")]
 
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> None:
