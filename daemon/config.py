@@ -500,8 +500,9 @@ def warnings(config: Config) -> list[str]:
         out.append(
             f"spark.commit_rows: {config.spark.commit_rows} rows per Spark job spends most "
             f"of the time in Spark's fixed per-job cost (0.1-0.3 s); 10000 or more amortizes it")
-    window_option = {"rabbitmq": "prefetch_count", "nats": "prefetch"}.get(
-        config.producer.source)
+    from offbroadway.stages.sources import window_option as source_window
+
+    window_option = source_window(config.producer.source)
     if window_option:
         prefetch = config.producer.options.get(window_option, "auto")
         need = proc.concurrency * proc.max_demand

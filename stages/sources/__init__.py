@@ -18,7 +18,7 @@ from .base import Failure, Item, Source, SourceOptionError
 
 __all__ = ["REQUIRED_METHODS", "Failure", "Item", "Source", "SourceOptionError",
            "UnknownSourceError", "get_source", "known_sources", "missing_methods",
-           "sized_options"]
+           "sized_options", "window_option"]
 
 # name → "module (relative to this package):ClassName"
 _REGISTRY: dict[str, str] = {
@@ -28,6 +28,18 @@ _REGISTRY: dict[str, str] = {
     "redis": ".redis_streams:RedisStreamsSource",
     "nats": ".nats:NatsSource",
 }
+
+
+#: built-in sources with a window of delivered, unsettled messages → the option that sets
+#: it (each class's ``window_option`` is read from here, so validation can ask without
+#: importing a broker client: :func:`window_option`)
+_WINDOWS: dict[str, str] = {"rabbitmq": "prefetch_count", "nats": "prefetch"}
+
+
+def window_option(name: str) -> str | None:
+    """The option that sets a built-in source's window (None: it has none, or the source
+    is a user's, which validation does not import)."""
+    return _WINDOWS.get(name)
 
 
 class UnknownSourceError(ValueError):

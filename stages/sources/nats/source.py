@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...redact import mask_url
+from .. import window_option
 from ..base import Failure, Item, Source, not_contacted
 from ..mailbox import Mailbox
 from .connection import JetStreamPuller
@@ -32,7 +33,7 @@ class NatsSource(Source):
 
     name = NAME
     known_options = KNOWN_OPTIONS
-    window_option = "prefetch"
+    window_option = window_option(NAME)
 
     def __init__(self, options: Mapping[str, Any], **kwargs: Any) -> None:
         super().__init__(options, **kwargs)

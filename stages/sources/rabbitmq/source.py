@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...redact import describe_error, mask_url
+from .. import window_option
 from ..base import Failure, Item, Source, not_contacted
 from ..mailbox import Mailbox
 from .connection import Consumer
@@ -57,7 +58,7 @@ class RabbitMQSource(Source):
 
     name = NAME
     known_options = KNOWN_OPTIONS
-    window_option = "prefetch_count"
+    window_option = window_option(NAME)
 
     def __init__(self, options: Mapping[str, Any], **kwargs: Any) -> None:
         super().__init__(options, **kwargs)
