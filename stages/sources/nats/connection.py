@@ -34,7 +34,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import nats
 import nats.errors
@@ -42,8 +42,10 @@ import nats.js.errors
 from nats.js import api
 
 from ...redact import mask_url
-from ..base import Item, oversized
+from ..base import Item
 from ..mailbox import Mailbox
+from .delivery import DEAD_LETTER_HEADER as DEAD_LETTER_HEADER  # the name tests import from here
+from .delivery import NatsHandle, dead_letter_headers, to_item
 from .settings import MAX_PULL_BATCH, NatsSettings
 
 log = logging.getLogger("offbroadway.sources.nats")
@@ -54,19 +56,6 @@ _IDLE_WINDOW = 2.0        # probe only while exhausted() was asked this recently
 _SEND_RETRY = 0.2         # pause before retrying settles that could not be sent
 #: JetStream API error codes that retrying cannot fix while nobody changes the server
 _STREAM_NOT_FOUND = 10059
-DEAD_LETTER_HEADER = "Offbroadway-Dead-Letter"
-
-
-class NatsHandle(NamedTuple):
-    """What the producer keeps per message: the reply subject settles it; the rest is for
-    a dead letter (the original subject, body and headers)."""
-
-    reply: str
-    delivered: int
-    stream_seq: int
-    subject: str
-    data: bytes
-    headers: dict | None
 
 
 class SetupError(Exception):
@@ -306,27 +295,12 @@ class JetStreamPuller:
         self.mailbox.put_many(items)
 
     def _item(self, msg: Any) -> Item:
-        md = msg.metadata
-        headers = dict(msg.headers) if msg.headers else None
-        meta: dict[str, Any] = {
-            "subject": msg.subject, "stream": md.stream, "consumer": md.consumer,
-            "stream_seq": md.sequence.stream, "consumer_seq": md.sequence.consumer,
-            "delivered": md.num_delivered, "redelivered": md.num_delivered > 1,
-            "pending": md.num_pending, "timestamp": md.timestamp.timestamp()}
-        if headers:
-            meta["headers"] = headers
-        if md.num_delivered > 1:
+        item = to_item(msg, self.s.max_message_bytes)
+        if item[3].delivered > 1:
             self.redelivered += 1
-        msg_id = (headers or {}).get("Nats-Msg-Id") or f"{md.stream}:{md.sequence.stream}"
-        data: bytes | None = msg.data
-        if len(msg.data) > self.s.max_message_bytes:
-            meta["error"] = oversized(len(msg.data), self.s.max_message_bytes)
-            meta["body_bytes"] = len(msg.data)
-            data = None
+        if item[1] is None and "body_bytes" in item[2]:
             self.oversized += 1
-        handle = NatsHandle(msg.reply, md.num_delivered, md.sequence.stream, msg.subject,
-                            msg.data, headers)
-        return (msg_id, data, meta, handle)
+        return item
 
     # -- settling ------------------------------------------------------------------------------
     async def _command_loop(self) -> None:
@@ -408,18 +382,9 @@ class JetStreamPuller:
         """Store a copy on the dead-letter subject (a stream must capture it); False if the
         server did not confirm it, and then the original is kept."""
         s = self.s
-        # the original Nats-Msg-Id stays: a message dead-lettered twice (at least once)
-        # is then stored once, within the dead-letter stream's duplicate window
-        headers = dict(h.headers or {})
-        headers.update({
-            f"{DEAD_LETTER_HEADER}-Reason": _header_value(reason),
-            f"{DEAD_LETTER_HEADER}-Stream": s.stream,
-            f"{DEAD_LETTER_HEADER}-Consumer": s.consumer,
-            f"{DEAD_LETTER_HEADER}-Subject": h.subject,
-            f"{DEAD_LETTER_HEADER}-Sequence": str(h.stream_seq),
-            f"{DEAD_LETTER_HEADER}-Delivered": str(h.delivered)})
         try:
-            await self._js.publish(s.dead_letter_subject, h.data, headers=headers,
+            await self._js.publish(s.dead_letter_subject, h.data,
+                                   headers=dead_letter_headers(h, reason, s),
                                    timeout=s.connect_timeout)
         except Exception as exc:
             self.dead_letter_errors += 1
@@ -522,11 +487,6 @@ class _Unsent(Exception):
     def __init__(self, rest: list) -> None:
         super().__init__(f"{len(rest)} settles not sent")
         self.rest = rest
-
-
-def _header_value(text: str) -> str:
-    """A NATS header value is one line of printable text."""
-    return " ".join(str(text).split())[:1024]
 
 
 def _describe(exc: BaseException) -> str:
