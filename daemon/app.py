@@ -308,13 +308,13 @@ class Daemon:
         if self._stop.is_set():
             raise _Stopped("the pipeline is stopping")
         late = [s for s in stages if not gone(s)]
-        if late:
-            node = self.root.find(late[0])
-            assert node is not None and node.parent is not None
+        for stage in late:
+            node = self.root.find(stage)
+            if node is None or node.parent is None:
+                continue              # gone with the restart of an earlier one
             target = self.reactions.operator_restart(node.parent.id)
             log.warning("resize: %s did not finish leaving within %gs; restarting %s (what "
-                        "they hold goes back to the source)", ", ".join(late), timeout,
-                        target)
+                        "it holds goes back to the source)", stage, timeout, target)
             await self.root.restart_subtree_or_child(target)
 
     def on_report(self, stage_id: str, report: commands.Report) -> None:

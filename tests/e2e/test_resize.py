@@ -284,3 +284,52 @@ def test_a_stage_killed_while_it_leaves_is_a_crash_and_the_resize_still_ends(
     assert requeued > 0
     assert sum(counts.values()) - n <= requeued, "more duplicates than the requeue took"
     assert not list((short_tmp / "spool").glob("*.jsonl")), "spool not fully acked"
+
+
+def test_a_stage_that_does_not_finish_leaving_is_restarted_out(short_tmp: Path) -> None:
+    """processor_default_1 is held in handle_message past shutdown_timeout while it
+    leaves: the resize restarts it out as a crash would (one requeue, the new shape) and
+    answers; nothing is lost, and only what the requeue took can run twice."""
+    n = 3000
+    write_spool(short_tmp / "spool", n, files=2, extra={"route": "default"})
+    port = free_port()
+    flag = short_tmp / "hang"
+    config = resizable_config(short_tmp, port, shutdown_timeout=3.0)
+    config.write_text(config.read_text().replace(
+        'handler = "tests.e2e.handlers:Recorder"',
+        'handler = "tests.e2e.resize_handlers:HangsWhileFlagged"').replace(
+        "context = {", f'context = {{ hang_flag = "{flag}", hang_stage = '
+                       f'"processor_default_1", ').replace(
+        "allowed_messages = 500", "allowed_messages = 100"))
+    sock = str(short_tmp / "run" / "control.sock")
+    out = short_tmp / "out"
+    daemon = start_daemon(config, "--until-idle")
+    try:
+        wait_until(lambda: len(read_records(str(out), "batch-")) >= 200, timeout=90,
+                   message="messages flow")
+        flag.touch()
+        wait_until(lambda: Path(f"{flag}.hung").exists(), timeout=30,
+                   message="processor_default_1 held in handle_message")
+        res = cli("scale", "processors", "1", "--socket", sock)
+        assert res.returncode == 0 and "-> 1 processors" in res.stdout, res
+        flag.unlink()
+        st = wait_until(lambda: (lambda s: shape_of(s)[0] == ["processor_default_0"] and s)(
+            status(sock)), timeout=60, message="processor_default_0 back")
+        restarts = {nd["id"]: nd["restarts"] for nd in walk(st["tree"])}
+        # an operator-style restart: the cascade, not counted toward intensity (the
+        # supervisor itself shows the restart of its children)
+        assert restarts["processor_default_0"] == 1 and restarts["ProducerSupervisor"] == 0
+        _, log = daemon.communicate(timeout=240)
+    except BaseException:
+        daemon.kill()
+        _, log = daemon.communicate(timeout=30)
+        print(log[-5000:])
+        raise
+    assert daemon.returncode == 0, log[-5000:]
+    assert "processor_default_1 did not finish leaving within 3s" in log
+    counts = Counter(r["id"] for r in read_records(str(out), "batch-"))
+    assert len(counts) == n, f"{n - len(counts)} lines lost"
+    requeued = sum(int(line.split("requeued ")[1].split()[0]) for line in log.splitlines()
+                   if ": requeued " in line)
+    assert requeued > 0 and sum(counts.values()) - n <= requeued
+    assert not list((short_tmp / "spool").glob("*.jsonl")), "spool not fully acked"
