@@ -78,6 +78,7 @@ class Consumer:
     def __init__(self, settings: RabbitMQSettings, *, session: str, pipeline: str,
                  producer_index: int) -> None:
         self.settings = settings
+        self._queue, self._max_bytes = settings.queue, settings.max_message_bytes
         self.url_masked = mask_url(settings.url)
         self._session = session
         self._connection_name = f"offbroadway {pipeline} producer_{producer_index}"
@@ -306,16 +307,19 @@ class Consumer:
 
     # -- deliveries and commands ---------------------------------------------------------------
     def _on_delivery(self, _channel: Any, method: Any, props: Any, body: bytes) -> None:
-        item = to_item(method, props, body, queue=self.settings.queue,
-                       incarnation=self.incarnation, session=self._session,
-                       max_bytes=self.settings.max_message_bytes)
-        if item[1] is None and "body_bytes" in item[2]:
+        # per message, so kept lean: positional calls, and the probe touched only while it
+        # is counting (a delivery resets it)
+        item = to_item(method, props, body, self._queue, self.incarnation, self._session,
+                       self._max_bytes)
+        if item[1] is None:          # pika's body is bytes: None is to_item's oversized
             self.oversized += 1
         self.settle.delivered(method.delivery_tag)
         self.deliveries += 1
-        if item[3].redelivered:
+        if method.redelivered:
             self.redelivered += 1
-        self.probe.delivered()
+        probe = self.probe
+        if probe.zero_probes or probe.empty_confirmed:
+            probe.delivered()
         self.mailbox.put(item)     # type: ignore[union-attr]
 
     def _on_broker_cancel(self, _frame: Any) -> None:

@@ -49,7 +49,7 @@ def packable(value: Any) -> Any:
     return str(value)
 
 
-def to_item(method: Any, props: Any, body: bytes, *, queue: str, incarnation: int,
+def to_item(method: Any, props: Any, body: bytes, queue: str, incarnation: int,
             session: str, max_bytes: int) -> Item:
     """The item of one delivery.  Message id: the AMQP ``message_id`` when the publisher
     set one (duplicates after a redelivery can be recognised downstream), else

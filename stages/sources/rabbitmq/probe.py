@@ -23,7 +23,8 @@ class IdleProbe:
         self.asked_at = 0.0
         #: set by the I/O thread, read by the producer thread
         self.empty_confirmed = False
-        self._zero_probes = 0
+        #: answers of 0 in a row with no delivery between them
+        self.zero_probes = 0
         self._next = 0.0
 
     def asked(self, now: float) -> None:
@@ -32,24 +33,24 @@ class IdleProbe:
     def delivered(self) -> None:
         """A delivery came (or the connection is new): nothing is confirmed."""
         self.empty_confirmed = False
-        self._zero_probes = 0
+        self.zero_probes = 0
 
     def due(self, now: float, *, paused: bool, buffered: int) -> bool:
         """Whether to probe now; when it says so, the next probe is an interval away."""
         if now < self._next or now - self.asked_at > ASKED_WINDOW or paused:
             return False
         if buffered:
-            self._zero_probes = 0
+            self.zero_probes = 0
             return False
         self._next = now + self.interval
         return True
 
     def answered(self, message_count: int, *, delivered_meanwhile: bool) -> None:
         if message_count == 0 and not delivered_meanwhile:
-            self._zero_probes += 1
+            self.zero_probes += 1
         else:
-            self._zero_probes = 0
-        self.empty_confirmed = self._zero_probes >= 2
+            self.zero_probes = 0
+        self.empty_confirmed = self.zero_probes >= 2
 
     def failed(self) -> None:
         """The probe itself failed (the queue is gone): nothing is confirmed."""
