@@ -1,6 +1,7 @@
-"""Resizing a running pipeline that reads RabbitMQ: grown and shrunk mid-stream (the
-sequence of :mod:`tests.e2e.test_resize`), every message handled exactly once, the queue
-left empty with nothing unacked, nothing requeued, no restart counted."""
+"""Resizing a running pipeline that reads RabbitMQ or NATS JetStream: grown and shrunk
+mid-stream (the sequence of :mod:`tests.e2e.test_resize`), every message handled exactly
+once, the queue or durable left empty with nothing unacked, nothing requeued, no restart
+counted, and each producer's prefetch window following the shape."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from offbroadway.daemon.config import load_config
 from offbroadway.daemon.topology import auto_prefetch
 
 from tests.brokers.conftest import AMQP_URL
+from tests.brokers.natsutil import NATS_URL
 from tests.brokers.test_pipeline_brokers import rabbit_props
 from tests.conftest import wait_until
 from tests.e2e.handlers import read_records
@@ -56,3 +58,33 @@ def test_scale_up_and_down_midstream_rabbitmq_exact_books(short_tmp: Path, rabbi
     assert not read_records(str(out), "failed-")
     assert rabbit.ready(queue) == 0
     assert rabbit.take_all(queue) == []          # nothing unacked came back either
+
+
+def test_scale_up_and_down_midstream_nats_exact_books(short_tmp: Path, jet) -> None:
+    """The same sequence against NATS JetStream: every message once, nothing pending or
+    unacked at the durable, and each producer's pull window following the shape."""
+    n = 12_000
+    stream = jet.stream()
+    ids = jet.publish(stream, [json.dumps({"seq": i}).encode() for i in range(n)])
+    port = free_port()
+    config = resizable_config(short_tmp, port, handler="tests.brokers.handlers:JsonBody",
+                              source="nats", producers=2,
+                              options={"url": NATS_URL, "stream": stream})
+    out = short_tmp / "out"
+    loaded = load_config(str(config)).config
+    end = auto_prefetch(resize.resized(loaded, resize.Request("processors", "default",
+                                                              SEQUENCE[-1][1])))
+
+    def window_follows(sock: str) -> None:
+        def windows() -> set:
+            return {nd["messages"]["source"]["prefetch"] for nd in walk(status(sock)["tree"])
+                    if nd["id"].startswith("producer_") and "messages" in nd}
+        wait_until(lambda: windows() == {end}, timeout=10, message=f"prefetch {end}")
+
+    resize_midstream(short_tmp, config, port, n, lambda: len(read_records(str(out), "batch-")),
+                     window_follows)
+    handled = Counter(r["id"] for r in read_records(str(out), "batch-"))
+    assert set(handled) == set(ids)
+    assert max(handled.values()) == 1, "a message was handled twice with nothing failing"
+    info = jet.consumer(stream, "e2e")
+    assert (info.num_pending, info.num_ack_pending) == (0, 0)
