@@ -29,6 +29,7 @@ instead of disappearing silently inside the source.
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -254,10 +255,37 @@ def not_contacted(server: str, url: str, what: str) -> str:
             f"reachable, and {what} usable, shows only when the daemon runs")
 
 
+class _Attempt:
+    """What :func:`backoff_wait` reads of a tenacity retry state."""
+
+    attempt_number = 1
+
+
+class Backoff:
+    """The sources' backoff (:func:`backoff_wait`), driven by hand, for a source that
+    retries from the producer's thread (the ``redis`` source): the producer's loop must not
+    sleep, so the source only remembers when the next attempt is due."""
+
+    def __init__(self, minimum: float, maximum: float) -> None:
+        self._wait = backoff_wait(minimum, maximum)
+        self._state = _Attempt()
+        self.failures = 0
+        self.next_at = 0.0
+
+    def failed(self) -> float:
+        self.failures += 1
+        self._state.attempt_number = self.failures
+        delay = self._wait(self._state)
+        self.next_at = time.monotonic() + delay
+        return delay
+
+    def reset(self) -> None:
+        self.failures = 0
+        self.next_at = 0.0
+
+
 def next_attempt(delay: float) -> str:
     """``"2.5s (at 11:38:20)"``: when a broker source tries again, in a retry's log line."""
-    import time
-
     at = time.time() + delay
     return f"{delay:.1f}s (at {time.strftime('%H:%M:%S', time.localtime(at))})"
 

@@ -34,23 +34,23 @@ import os
 import socket
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import redis
-import tenacity
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ...redact import describe_error, mask_url
 from ..base import (
+    Backoff,
     Failure,
     Item,
     Source,
-    backoff_wait,
     next_attempt,
     not_contacted,
     oversized,
 )
+from .entries import RedisHandle, entry_size, id_text, text
 from .settings import KNOWN_OPTIONS, NAME, parse_options
 
 log = logging.getLogger("offbroadway.sources.redis")
@@ -59,59 +59,6 @@ _CHUNK = 1000           # ids per XACK / XCLAIM command
 _HISTORY_ROUNDS = 8     # XREADGROUP history reads per fetch at most (skipping in-flight)
 _IDLE_POLL_MIN = 0.002  # first retry after an empty read; doubles up to poll_ms
 _PRUNE_IDLE_MS = 24 * 3_600_000   # a consumer unseen this long with nothing pending is gone
-
-
-class RedisHandle(NamedTuple):
-    """Entry id plus the raw field map, so a failure can be dead-lettered verbatim."""
-
-    id: str
-    fields: dict
-
-
-def _text(value: Any) -> Any:
-    """bytes → str when it is valid UTF-8 (the common case), else the bytes unchanged."""
-    if isinstance(value, bytes):
-        try:
-            return value.decode()
-        except UnicodeDecodeError:
-            return value
-    return value
-
-
-def _id(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _size(fields: dict) -> int:
-    """An entry's size for ``max_message_bytes``: its field names and values, in bytes."""
-    return sum(len(k) + len(v) if isinstance(k, bytes) and isinstance(v, bytes)
-               else len(str(k).encode()) + len(str(v).encode()) for k, v in fields.items())
-
-
-def _describe(exc: BaseException, url: str = "") -> str:
-    return describe_error(exc, url)
-
-
-class _Backoff:
-    """The sources' backoff (:func:`.base.backoff_wait`), driven by hand: the producer's loop must
-    not sleep, so the source only remembers when the next attempt is due."""
-
-    def __init__(self, minimum: float, maximum: float) -> None:
-        self._wait = backoff_wait(minimum, maximum)
-        self._state = tenacity.RetryCallState(None, None, (), {})  # type: ignore[arg-type]
-        self.failures = 0
-        self.next_at = 0.0
-
-    def failed(self) -> float:
-        self.failures += 1
-        self._state.attempt_number = self.failures
-        delay = self._wait(self._state)
-        self.next_at = time.monotonic() + delay
-        return delay
-
-    def reset(self) -> None:
-        self.failures = 0
-        self.next_at = 0.0
 
 
 class RedisStreamsSource(Source):
@@ -145,7 +92,7 @@ class RedisStreamsSource(Source):
         self.dead_letter_maxlen: int | None = st.dead_letter_maxlen
         self.socket_timeout = st.socket_timeout
         self.max_message_bytes = st.max_message_bytes
-        self._backoff = _Backoff(st.backoff_min, st.backoff_max)
+        self._backoff = Backoff(st.backoff_min, st.backoff_max)
         self._client: redis.Redis | None = None
         self._state = "new"
         self._last_error = ""
@@ -214,7 +161,8 @@ class RedisStreamsSource(Source):
         except redis.RedisError as exc:
             log.warning("redis source: could not flush %d acks / %d dead letters at close: "
                         "%s (they stay pending and are delivered again)",
-                        len(self._unsent_acks), len(self._unsent_dead), _describe(exc, self.url))
+                        len(self._unsent_acks), len(self._unsent_dead),
+                        describe_error(exc, self.url))
         self._client.close()
         self._client = None
         self._state = "closed"
@@ -253,7 +201,7 @@ class RedisStreamsSource(Source):
         except redis.ResponseError:
             return
         for c in consumers:
-            name = _id(c["name"])
+            name = id_text(c["name"])
             if c.get("pending") == 0 and c.get("idle", 0) > _PRUNE_IDLE_MS \
                     and name != self.consumer:
                 client.xgroup_delconsumer(self.stream, self.group, name)
@@ -277,7 +225,7 @@ class RedisStreamsSource(Source):
 
     def _on_error(self, exc: BaseException) -> None:
         self.errors += 1
-        self._last_error = _describe(exc, self.url)
+        self._last_error = describe_error(exc, self.url)
         delay = self._backoff.failed()
         # one line per failed attempt (the backoff bounds them: at most one per backoff_max)
         what = "unreachable" if self._state != "connected" else "connection lost"
@@ -331,7 +279,7 @@ class RedisStreamsSource(Source):
             if not entries:
                 self._history = None
                 return
-            self._history = _id(entries[-1][0])
+            self._history = id_text(entries[-1][0])
             self._take(entries, "pending", out)
 
     def _take(self, entries: Iterable[tuple[Any, dict]], delivery: str,
@@ -345,7 +293,7 @@ class RedisStreamsSource(Source):
         for raw_id, fields in entries:
             if raw_id is None:
                 continue
-            entry_id = _id(raw_id)
+            entry_id = id_text(raw_id)
             if entry_id in inflight or (delivery == "pending" and entry_id in skip):
                 continue
             if not fields:          # deleted (XDEL / trimmed) while pending: nothing to do
@@ -355,7 +303,7 @@ class RedisStreamsSource(Source):
             handle = RedisHandle(entry_id, fields)
             inflight[entry_id] = handle
             meta = {**meta_base, "id": entry_id}
-            size = _size(fields)
+            size = entry_size(fields)
             if size > limit:
                 # failed, not delivered: dead-lettered whole from the handle (on_failure)
                 self.oversized += 1
@@ -363,7 +311,7 @@ class RedisStreamsSource(Source):
                 meta["entry_bytes"] = size
                 out.append((entry_id, None, meta, handle))
                 continue
-            data = {_text(k): _text(v) for k, v in fields.items()}
+            data = {text(k): text(v) for k, v in fields.items()}
             out.append((entry_id, data, meta, handle))
         if vanished:
             self.vanished += len(vanished)
@@ -374,7 +322,7 @@ class RedisStreamsSource(Source):
         assert client is not None
         reply = client.xautoclaim(self.stream, self.group, self.consumer, self.claim_idle_ms,
                                   start_id=self._claim_cursor, count=max(n, 10))
-        cursor, entries = _id(reply[0]), reply[1]
+        cursor, entries = id_text(reply[0]), reply[1]
         before = len(out)
         # our own entries come back too once idle: in-flight ones (the touch lagged) are
         # skipped; left-pending ones are due for their retry, which is the point
@@ -396,7 +344,7 @@ class RedisStreamsSource(Source):
         mine = client.xpending_range(self.stream, self.group, "-", "+",
                                      len(self._inflight) + len(self._left_pending) + 1000,
                                      consumername=self.consumer)
-        self._left_pending &= {_id(p["message_id"]) for p in mine}
+        self._left_pending &= {id_text(p["message_id"]) for p in mine}
 
     def _claim_interval(self) -> float:
         return min(max(self.claim_idle_ms / 2000, 0.05), 10.0)
@@ -529,13 +477,13 @@ class RedisStreamsSource(Source):
         client = self._client
         assert client is not None
         group = next((g for g in client.xinfo_groups(self.stream)
-                      if _id(g["name"]) == self.group), None)
+                      if id_text(g["name"]) == self.group), None)
         if group is None:
             return False
         lag = group.get("lag")
         if lag is None:       # Redis < 7 or lag unknown: compare ids instead
-            last = _id(client.xinfo_stream(self.stream)["last-generated-id"])
-            if _id(group["last-delivered-id"]) != last:
+            last = id_text(client.xinfo_stream(self.stream)["last-generated-id"])
+            if id_text(group["last-delivered-id"]) != last:
                 return False
         elif lag:
             return False
@@ -544,7 +492,7 @@ class RedisStreamsSource(Source):
         mine = self._inflight.keys() | self._left_pending
         idle = client.xpending_range(self.stream, self.group, "-", "+", len(mine) + 1,
                                      idle=self.claim_idle_ms)
-        return all(_id(p["message_id"]) in mine for p in idle)
+        return all(id_text(p["message_id"]) in mine for p in idle)
 
     def retry_after(self) -> float:
         if self._state != "connected":
