@@ -234,18 +234,9 @@ def test_what_a_restart_hands_back_to_the_source() -> None:
     requeue); a producer's restart does (its source takes back what it had in flight),
     and so does a Spark server's, which restarts every producer; a restart that loses
     nothing downstream and restarts no producer does not."""
-    raw = {
-        "pipeline": {"name": "t", "handler": "examples.orders:Orders"},
-        "producer": {"source": "spool", "options": {"path": "var/spool"}, "concurrency": P},
-        "batchers": {"b0": {"batch_size": 10}},
-        "spark": {"output": "/tmp/ob-out"},
-        "runtime": {"dir": "/tmp/ob-run"},
-    }
-    from offbroadway.daemon.spark import plan
+    from tests.daemon.test_terminator import spark_topology
 
-    config = validate(raw).config
-    p = plan(config.spark, runtime_dir="/tmp/ob-run", state_dir="/tmp/ob-state")
-    topo = topo_mod.build(config, spark_child=p.child, spark_settings=p.settings)
+    topo = spark_topology(producers=P)
     r = Reactions(topo)
     _up(r)
     # the Spark JVM dies: rest_for_one stops everything after it, producers included

@@ -22,6 +22,23 @@ def _topology(batchers: int = 2) -> topo_mod.Topology:
     return topo_mod.build(validate(raw).config)
 
 
+def spark_topology(producers: int = 2) -> topo_mod.Topology:
+    """A pipeline with its own Spark server (``spark`` first under the root) and one
+    batcher, ``b0``, with its committer."""
+    from offbroadway.daemon.spark import plan
+
+    config = validate({
+        "pipeline": {"name": "t", "handler": "examples.orders:Orders"},
+        "producer": {"source": "spool", "options": {"path": "var/spool"},
+                     "concurrency": producers},
+        "batchers": {"b0": {"batch_size": 10}},
+        "spark": {"output": "/tmp/ob-out"},
+        "runtime": {"dir": "/tmp/ob-run"},
+    }).config
+    p = plan(config.spark, runtime_dir="/tmp/ob-run", state_dir="/tmp/ob-state")
+    return topo_mod.build(config, spark_child=p.child, spark_settings=p.settings)
+
+
 def test_begin_tells_sources_to_shut_down_and_their_consumers_not_to_resubscribe() -> None:
     t = _topology()
     term = Terminator(t)
@@ -157,18 +174,7 @@ def test_a_spark_server_restart_in_the_drain_ends_it_and_leaves_nothing_drained(
     (no Requeue is sent), yet their sources took back what was in flight: the reactions
     say the restart hands messages back, the drain ends REQUEUED, and ``reset`` names no
     stage still in drain mode (their successors start undrained: no second restart)."""
-    from offbroadway.daemon.spark import plan
-
-    raw = {
-        "pipeline": {"name": "t", "handler": "examples.orders:Orders"},
-        "producer": {"source": "spool", "options": {"path": "var/spool"}, "concurrency": 2},
-        "batchers": {"b0": {"batch_size": 10}},
-        "spark": {"output": "/tmp/ob-out"},
-        "runtime": {"dir": "/tmp/ob-run"},
-    }
-    config = validate(raw).config
-    p = plan(config.spark, runtime_dir="/tmp/ob-run", state_dir="/tmp/ob-state")
-    t = topo_mod.build(config, spark_child=p.child, spark_settings=p.settings)
+    t = spark_topology()
     reactions, term = Reactions(t), Terminator(t)
     for sid in t.stages:
         reactions.started(sid)

@@ -307,13 +307,39 @@ def committing_now(sock: Path, *, draining: bool) -> dict:
     return st if busy else {}
 
 
-def kill_the_jvm(st: dict) -> int:
+def kill_the_jvm_in_a_commit(config: Path, tmp: Path, n: int, *, draining: bool) -> str:
+    """Run ``config`` (--until-idle), SIGKILL the Spark JVM once a committer reports a job
+    running (mid-run or in the drain), and wait for the exit: it must be 0 with every
+    line in the datasets, duplicates only as the same message_id.  Returns the log."""
     import psutil
 
-    wrapper = next(c["pid"] for c in st["tree"]["children"] if c["id"] == "spark")
-    jvm = next(p for p in psutil.Process(wrapper).children() if "java" in p.name())
-    jvm.kill()
-    return jvm.pid
+    sock = tmp / "run" / "control.sock"
+    daemon, log = start_logged(config, tmp)
+    try:
+        st = wait_until(lambda: committing_now(sock, draining=draining), timeout=400,
+                        interval=0.1, message=f"a committer in a Spark job "
+                                              f"({'in the drain' if draining else 'mid-run'})")
+        wrapper = next(c["pid"] for c in st["tree"]["children"] if c["id"] == "spark")
+        next(p for p in psutil.Process(wrapper).children() if "java" in p.name()).kill()
+        code = daemon.wait(600)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+    err = log.read_text()
+    assert code == 0, err[-3000:]
+    assert re.search(r"PipelineSupervisor \(rest_for_one\): .*; restarting spark, ", err), \
+        err[-3000:]
+    out = tmp / "dataset"
+    try:
+        dups = assert_each_message_once_or_duplicated_whole(
+            rows(out, "even") + rows(out, "odd"), n)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{err[-5000:]}") from None
+    print(f"duplicates after killing the Spark JVM in a commit "
+          f"({'in the drain' if draining else 'mid-run'}): {dups}")
+    assert not list((tmp / "spool").glob("*.jsonl")), "lines left unacked"
+    return err
 
 
 def test_sigkill_of_the_daemons_own_spark_server_loses_nothing(short_tmp: Path) -> None:
@@ -327,28 +353,7 @@ def test_sigkill_of_the_daemons_own_spark_server_loses_nothing(short_tmp: Path) 
     config = own_spark_config(short_tmp, n, context={"slow": 0.004}, shutdown_timeout=60.0,
                               batchers={"even": {"batch_size": 1000, "batch_timeout": 1.0},
                                         "odd": {"batch_size": 1000, "batch_timeout": 1.0}})
-    out, sock = short_tmp / "dataset", short_tmp / "run" / "control.sock"
-    daemon, log = start_logged(config, short_tmp)
-    try:
-        st = wait_until(lambda: committing_now(sock, draining=False), timeout=400,
-                        interval=0.2, message="a committer in a Spark job, mid-run")
-        kill_the_jvm(st)
-        code = daemon.wait(600)
-    finally:
-        if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait()
-    err = log.read_text()
-    assert code == 0, err[-3000:]
-    assert re.search(r"PipelineSupervisor \(rest_for_one\): .*; restarting spark, ", err), \
-        err[-3000:]
-    try:
-        dups = assert_each_message_once_or_duplicated_whole(
-            rows(out, "even") + rows(out, "odd"), n)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{err[-5000:]}") from None
-    print(f"duplicates after killing the Spark JVM mid-commit: {dups}")
-    assert not list((short_tmp / "spool").glob("*.jsonl")), "lines left unacked"
+    kill_the_jvm_in_a_commit(config, short_tmp, n, draining=False)
 
 
 def test_sigkill_of_the_spark_server_during_the_drain_runs_again_and_loses_nothing(
@@ -368,27 +373,8 @@ def test_sigkill_of_the_spark_server_during_the_drain_runs_again_and_loses_nothi
                   for key in ("even", "odd")})
     config.write_text(config.read_text().replace("tests.e2e.handlers:Recorder",
                                                  "tests.e2e.handlers:Contract"))
-    out, sock = short_tmp / "dataset", short_tmp / "run" / "control.sock"
-    daemon, log = start_logged(config, short_tmp)
-    try:
-        st = wait_until(lambda: committing_now(sock, draining=True), timeout=400,
-                        interval=0.1, message="a committer in a Spark job during the drain")
-        kill_the_jvm(st)
-        code = daemon.wait(600)
-    finally:
-        if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait()
-    err = log.read_text()
-    assert code == 0, err[-3000:]
+    err = kill_the_jvm_in_a_commit(config, short_tmp, n, draining=True)
     assert "running again until idle" in err, err[-3000:]
-    try:
-        dups = assert_each_message_once_or_duplicated_whole(
-            rows(out, "even") + rows(out, "odd"), n)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{err[-5000:]}") from None
-    print(f"duplicates after killing the Spark JVM in the drain: {dups}")
-    assert not list((short_tmp / "spool").glob("*.jsonl")), "lines left unacked"
 
 
 def test_sigkill_of_a_batch_processor_during_a_commit_loses_nothing(short_tmp: Path,
@@ -405,11 +391,7 @@ def test_sigkill_of_a_batch_processor_during_a_commit_loses_nothing(short_tmp: P
         out, remote=spark_server.remote, token_env=TOKEN_ENV, commit_rows=3000,
         commit_interval=0.5))
     sock = short_tmp / "run" / "control.sock"
-    log = short_tmp / "daemon.err"
-    with open(log, "w") as err_file:
-        daemon = subprocess.Popen(offbroadway_cmd("run", str(config), "--until-idle"),
-                                  cwd=REPO, env=daemon_env(spark_server),
-                                  stdout=subprocess.DEVNULL, stderr=err_file, text=True)
+    daemon, log = start_logged(config, short_tmp, daemon_env(spark_server))
     try:
         wait_until(lambda: committing(sock, "committer_default"), timeout=120, interval=0.2,
                    message="the committer in a Spark job")
@@ -419,6 +401,7 @@ def test_sigkill_of_a_batch_processor_during_a_commit_loses_nothing(short_tmp: P
     finally:
         if daemon.poll() is None:
             daemon.kill()
+            daemon.wait()
     err = log.read_text()
     assert code == 0, err[-3000:]
     assert f"batch_processor_default_0 (pid {pids['batch_processor_default_0']})" in err
