@@ -98,6 +98,16 @@ def test_convert_makes_one_table_and_fails_each_misfit_alone():
     assert {m.id for m in rows.failed} == {"b", "c"}
     assert "mapping" in msgs[1].status and "seq" in msgs[2].status
     assert msgs[4].status == "already failed" and msgs[4] not in rows.failed
+    # with a schema known, a dict of its columns skips the key-by-key check; anything
+    # else still gets it, with the same reasons
+    odd = [Message("k1", {"seq": 9}), Message("k2", {"seq": 1, "extra": 1}),
+           Message("k3", {"seq": 1, "message_id": "forged"}), Message("k4", {1: 2}),
+           Message("k5", ("seq", 1))]
+    known = spark_rows.convert(odd, rows.schema)
+    assert [m.id for m in known.written] == ["k1"]
+    assert "'extra' is not in the schema" in odd[1].status
+    assert "reserved column 'message_id'" in odd[2].status
+    assert "not a string" in odd[3].status and "mapping" in odd[4].status
     # the schema given wins; a partition column outside it fails every row, said once
     later = [Message("f", {"seq": 6, "name": "w"})]
     again = spark_rows.convert(later, rows.schema, partition_by=("region",))
