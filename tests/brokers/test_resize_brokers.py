@@ -25,17 +25,15 @@ from tests.e2e.test_resize import SEQUENCE, resizable_config, resize_midstream, 
 pytestmark = pytest.mark.broker
 
 
-def test_scale_up_and_down_midstream_rabbitmq_exact_books(short_tmp: Path, rabbit) -> None:
-    n = 12_000
-    queue = rabbit.queue()
-    rabbit.ch.confirm_delivery()
-    for i in range(n):
-        rabbit.ch.basic_publish("", queue, json.dumps({"seq": i}).encode(), rabbit_props(i))
+def run_resized(tmp: Path, n: int, source: str, options: dict, window: str) -> Counter:
+    """The mid-stream resize sequence on a broker source holding ``n`` messages (two
+    producers, prefetch "auto"): each producer's ``window`` (its source's stat) must end
+    at the final shape's share, which differs from the first's; returns what handle_batch
+    saw, per id."""
     port = free_port()
-    config = resizable_config(short_tmp, port, handler="tests.brokers.handlers:JsonBody",
-                              source="rabbitmq", producers=2,
-                              options={"url": AMQP_URL, "queue": queue})
-    out = short_tmp / "out"
+    config = resizable_config(tmp, port, handler="tests.brokers.handlers:JsonBody",
+                              source=source, producers=2, options=options)
+    out = tmp / "out"
     loaded = load_config(str(config)).config
     start, end = (auto_prefetch(resize.resized(loaded, resize.Request("processors", "default",
                                                                         k)))
@@ -43,19 +41,28 @@ def test_scale_up_and_down_midstream_rabbitmq_exact_books(short_tmp: Path, rabbi
     assert start != end
 
     def window_follows(sock: str) -> None:
-        """Each producer's basic.qos follows the shape (prefetch "auto")."""
         def windows() -> set:
-            return {nd["messages"]["source"]["prefetch_count"]
-                    for nd in walk(status(sock)["tree"])
+            return {nd["messages"]["source"][window] for nd in walk(status(sock)["tree"])
                     if nd["id"].startswith("producer_") and "messages" in nd}
-        wait_until(lambda: windows() == {end}, timeout=10, message=f"prefetch {end}")
+        wait_until(lambda: windows() == {end}, timeout=10, message=f"{window} {end}")
 
-    resize_midstream(short_tmp, config, port, n, lambda: len(read_records(str(out), "batch-")),
+    resize_midstream(tmp, config, port, n, lambda: len(read_records(str(out), "batch-")),
                      window_follows)
-    handled = Counter(r["id"] for r in read_records(str(out), "batch-"))
-    assert set(handled) == {f"m{i}" for i in range(n)}
-    assert max(handled.values()) == 1, "a message was handled twice with nothing failing"
     assert not read_records(str(out), "failed-")
+    handled = Counter(r["id"] for r in read_records(str(out), "batch-"))
+    assert max(handled.values()) == 1, "a message was handled twice with nothing failing"
+    return handled
+
+
+def test_scale_up_and_down_midstream_rabbitmq_exact_books(short_tmp: Path, rabbit) -> None:
+    n = 12_000
+    queue = rabbit.queue()
+    rabbit.ch.confirm_delivery()
+    for i in range(n):
+        rabbit.ch.basic_publish("", queue, json.dumps({"seq": i}).encode(), rabbit_props(i))
+    handled = run_resized(short_tmp, n, "rabbitmq", {"url": AMQP_URL, "queue": queue},
+                          "prefetch_count")
+    assert set(handled) == {f"m{i}" for i in range(n)}
     assert rabbit.ready(queue) == 0
     assert rabbit.take_all(queue) == []          # nothing unacked came back either
 
@@ -66,25 +73,8 @@ def test_scale_up_and_down_midstream_nats_exact_books(short_tmp: Path, jet) -> N
     n = 12_000
     stream = jet.stream()
     ids = jet.publish(stream, [json.dumps({"seq": i}).encode() for i in range(n)])
-    port = free_port()
-    config = resizable_config(short_tmp, port, handler="tests.brokers.handlers:JsonBody",
-                              source="nats", producers=2,
-                              options={"url": NATS_URL, "stream": stream})
-    out = short_tmp / "out"
-    loaded = load_config(str(config)).config
-    end = auto_prefetch(resize.resized(loaded, resize.Request("processors", "default",
-                                                              SEQUENCE[-1][1])))
-
-    def window_follows(sock: str) -> None:
-        def windows() -> set:
-            return {nd["messages"]["source"]["prefetch"] for nd in walk(status(sock)["tree"])
-                    if nd["id"].startswith("producer_") and "messages" in nd}
-        wait_until(lambda: windows() == {end}, timeout=10, message=f"prefetch {end}")
-
-    resize_midstream(short_tmp, config, port, n, lambda: len(read_records(str(out), "batch-")),
-                     window_follows)
-    handled = Counter(r["id"] for r in read_records(str(out), "batch-"))
+    handled = run_resized(short_tmp, n, "nats", {"url": NATS_URL, "stream": stream},
+                          "prefetch")
     assert set(handled) == set(ids)
-    assert max(handled.values()) == 1, "a message was handled twice with nothing failing"
     info = jet.consumer(stream, "e2e")
     assert (info.num_pending, info.num_ack_pending) == (0, 0)

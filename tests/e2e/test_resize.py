@@ -10,11 +10,13 @@ whatever the shape), so every resize lands mid-stream and the books are checked 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from offbroadway.daemon import control
@@ -46,6 +48,20 @@ def resizable_config(tmp: Path, port: int, **kwargs) -> Path:
         "rate_limit = { allowed_messages = 500, interval = 0.5 }\n\n[producer.options]")
     config.write_text(text.replace('listen = ""', f'listen = "127.0.0.1:{port}"'))
     return config
+
+
+@contextmanager
+def shown_if_failing(daemon: subprocess.Popen, *also: subprocess.Popen) -> Iterator[None]:
+    """A failure inside kills the daemon (and ``also``) and prints the end of its log."""
+    try:
+        yield
+    except BaseException:
+        for proc in (daemon, *also):
+            if proc.poll() is None:
+                proc.kill()
+        _, err = daemon.communicate(timeout=30)
+        print(err[-5000:])
+        raise
 
 
 def status(sock: str) -> dict:
@@ -86,7 +102,7 @@ def resize_midstream(tmp: Path, config: Path, port: int, total: int,
     daemon = subprocess.Popen(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
                               env=env or test_env(), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
-    try:
+    with shown_if_failing(daemon):
         wait_until(lambda: handled() >= total // 10, timeout=90, message="messages flow")
         for words, n_proc, n_bp in SEQUENCE:
             res = cli("scale", *words, "--socket", sock)
@@ -106,11 +122,6 @@ def resize_midstream(tmp: Path, config: Path, port: int, total: int,
         assert handled() < total, "the stream ended before the resizes: the test proves nothing"
         last = status(sock)
         out, err = daemon.communicate(timeout=240)
-    except BaseException:
-        daemon.kill()
-        out, err = daemon.communicate(timeout=30)
-        print(err[-5000:])
-        raise
     assert daemon.returncode == 0, err[-5000:]
     assert "requeued" not in err, "a resize handed messages back to the source"
     assert "Traceback" not in err, err[-5000:]
@@ -183,7 +194,7 @@ def test_reload_resizes_through_the_same_path(short_tmp: Path) -> None:
     sock = str(short_tmp / "run" / "control.sock")
     out = short_tmp / "out"
     daemon = start_daemon(config, "--until-idle")
-    try:
+    with shown_if_failing(daemon):
         wait_until(lambda: len(read_records(str(out), "batch-")) >= 500, timeout=90,
                    message="messages flow")
         config.write_text(base.replace("concurrency = 2", "concurrency = 3").replace(
@@ -212,14 +223,51 @@ def test_reload_resizes_through_the_same_path(short_tmp: Path) -> None:
         assert all(nd["restarts"] == 0 for nd in walk(status(sock)["tree"]))
         assert len(read_records(str(out), "batch-")) < n, "the stream ended first"
         _, err = daemon.communicate(timeout=240)
-    except BaseException:
-        daemon.kill()
-        daemon.communicate(timeout=30)
-        raise
     assert daemon.returncode == 0, err[-3000:]
     counts = Counter(r["id"] for r in read_records(str(out), "batch-"))
     assert len(counts) == n and max(counts.values()) == 1
     assert "requeued" not in err
+
+
+def held_pipeline(tmp: Path, n: int, **kwargs) -> tuple[Path, Path, subprocess.Popen]:
+    """A resizable pipeline (200 messages a second) whose processor_default_1 blocks in
+    handle_message while ``<tmp>/hang`` exists; started --until-idle and flowing, then
+    held: (the flag, the control socket, the daemon)."""
+    write_spool(tmp / "spool", n, files=2, extra={"route": "default"})
+    flag = tmp / "hang"
+    config = resizable_config(tmp, free_port(), **kwargs)
+    config.write_text(config.read_text().replace(
+        'handler = "tests.e2e.handlers:Recorder"',
+        'handler = "tests.e2e.resize_handlers:HangsWhileFlagged"').replace(
+        "context = {", f'context = {{ hang_flag = "{flag}", hang_stage = '
+                       f'"processor_default_1", ').replace(
+        "allowed_messages = 500", "allowed_messages = 100"))
+    daemon = start_daemon(config, "--until-idle")
+    with shown_if_failing(daemon):
+        wait_until(lambda: len(read_records(str(tmp / "out"), "batch-")) >= 200, timeout=90,
+                   message="messages flow")
+        flag.touch()
+        wait_until(lambda: Path(f"{flag}.hung").exists(), timeout=30,
+                   message="processor_default_1 held in handle_message")
+    return flag, tmp / "run" / "control.sock", daemon
+
+
+def one_processor_again(sock: str) -> dict:
+    """The status once processor_default_0 alone runs (a restart may be under way)."""
+    return wait_until(lambda: (lambda s: shape_of(s)[0] == ["processor_default_0"] and s)(
+        status(sock)), timeout=60, message="processor_default_0 back")
+
+
+def assert_nothing_lost(tmp: Path, n: int, log: str) -> None:
+    """Every line handled, the spool acked, and duplicates only within what a requeue
+    (there was one) took."""
+    counts = Counter(r["id"] for r in read_records(str(tmp / "out"), "batch-"))
+    assert len(counts) == n, f"{n - len(counts)} lines lost"
+    requeued = sum(int(line.split("requeued ")[1].split()[0]) for line in log.splitlines()
+                   if ": requeued " in line)
+    assert requeued > 0
+    assert sum(counts.values()) - n <= requeued, "more duplicates than the requeue took"
+    assert not list((tmp / "spool").glob("*.jsonl")), "spool not fully acked"
 
 
 def test_a_stage_killed_while_it_leaves_is_a_crash_and_the_resize_still_ends(
@@ -228,62 +276,30 @@ def test_a_stage_killed_while_it_leaves_is_a_crash_and_the_resize_still_ends(
     crash cascade (counted, one requeue), the new shape, and the resize answers; nothing
     is lost, and only what the requeue took can run twice."""
     n = 4000
-    write_spool(short_tmp / "spool", n, files=2, extra={"route": "default"})
-    port = free_port()
-    flag = short_tmp / "hang"
-    config = resizable_config(short_tmp, port)
-    config.write_text(config.read_text().replace(
-        'handler = "tests.e2e.handlers:Recorder"',
-        'handler = "tests.e2e.resize_handlers:HangsWhileFlagged"').replace(
-        "context = {", f'context = {{ hang_flag = "{flag}", hang_stage = '
-                       f'"processor_default_1", ').replace(
-        "allowed_messages = 500", "allowed_messages = 100"))
-    sock = str(short_tmp / "run" / "control.sock")
-    out = short_tmp / "out"
-    daemon = start_daemon(config, "--until-idle")
-    scale = None
-    try:
-        wait_until(lambda: len(read_records(str(out), "batch-")) >= 200, timeout=90,
-                   message="messages flow")
-        flag.touch()
-        wait_until(lambda: Path(f"{flag}.hung").exists(), timeout=30,
-                   message="processor_default_1 held in handle_message")
+    flag, sock_path, daemon = held_pipeline(short_tmp, n)
+    sock = str(sock_path)
+    with shown_if_failing(daemon):
         victim = next(nd["pid"] for nd in walk(status(sock)["tree"])
                       if nd["id"] == "processor_default_1")
         scale = subprocess.Popen(offbroadway_cmd("scale", "processors", "1", "--socket", sock),
                                  cwd=REPO, env=test_env(), stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
+    with shown_if_failing(daemon, scale):
         wait_until(lambda: status(sock)["leaving"] == ["processor_default_1"], timeout=30,
                    message="processor_default_1 leaving")
-        import os
         os.kill(victim, signal.SIGKILL)
         said, err = scale.communicate(timeout=60)
         assert scale.returncode == 0, err
         assert "-> 1 processors" in said, said
-        # the crash's restart (of the new shape) may still be under way
-        st = wait_until(lambda: (lambda s: shape_of(s)[0] == ["processor_default_0"] and s)(
-            status(sock)), timeout=60, message="processor_default_0 back")
+        st = one_processor_again(sock)
         assert st["leaving"] == []
         restarts = {nd["id"]: nd["restarts"] for nd in walk(st["tree"])}
         assert restarts["ProcessorSupervisor"] == 1, "the crash counts, once"
         assert restarts["processor_default_0"] == 1 and restarts["ProducerSupervisor"] == 0
         flag.unlink()
         _, log = daemon.communicate(timeout=240)
-    except BaseException:
-        daemon.kill()
-        _, log = daemon.communicate(timeout=30)
-        if scale is not None and scale.poll() is None:
-            scale.kill()
-        print(log[-5000:])
-        raise
     assert daemon.returncode == 0, log[-5000:]
-    counts = Counter(r["id"] for r in read_records(str(out), "batch-"))
-    assert len(counts) == n, f"{n - len(counts)} lines lost"
-    requeued = sum(int(line.split("requeued ")[1].split()[0]) for line in log.splitlines()
-                   if ": requeued " in line)
-    assert requeued > 0
-    assert sum(counts.values()) - n <= requeued, "more duplicates than the requeue took"
-    assert not list((short_tmp / "spool").glob("*.jsonl")), "spool not fully acked"
+    assert_nothing_lost(short_tmp, n, log)
 
 
 def test_a_stage_that_does_not_finish_leaving_is_restarted_out(short_tmp: Path) -> None:
@@ -291,45 +307,17 @@ def test_a_stage_that_does_not_finish_leaving_is_restarted_out(short_tmp: Path) 
     leaves: the resize restarts it out as a crash would (one requeue, the new shape) and
     answers; nothing is lost, and only what the requeue took can run twice."""
     n = 3000
-    write_spool(short_tmp / "spool", n, files=2, extra={"route": "default"})
-    port = free_port()
-    flag = short_tmp / "hang"
-    config = resizable_config(short_tmp, port, shutdown_timeout=3.0)
-    config.write_text(config.read_text().replace(
-        'handler = "tests.e2e.handlers:Recorder"',
-        'handler = "tests.e2e.resize_handlers:HangsWhileFlagged"').replace(
-        "context = {", f'context = {{ hang_flag = "{flag}", hang_stage = '
-                       f'"processor_default_1", ').replace(
-        "allowed_messages = 500", "allowed_messages = 100"))
-    sock = str(short_tmp / "run" / "control.sock")
-    out = short_tmp / "out"
-    daemon = start_daemon(config, "--until-idle")
-    try:
-        wait_until(lambda: len(read_records(str(out), "batch-")) >= 200, timeout=90,
-                   message="messages flow")
-        flag.touch()
-        wait_until(lambda: Path(f"{flag}.hung").exists(), timeout=30,
-                   message="processor_default_1 held in handle_message")
+    flag, sock_path, daemon = held_pipeline(short_tmp, n, shutdown_timeout=3.0)
+    sock = str(sock_path)
+    with shown_if_failing(daemon):
         res = cli("scale", "processors", "1", "--socket", sock)
         assert res.returncode == 0 and "-> 1 processors" in res.stdout, res
         flag.unlink()
-        st = wait_until(lambda: (lambda s: shape_of(s)[0] == ["processor_default_0"] and s)(
-            status(sock)), timeout=60, message="processor_default_0 back")
-        restarts = {nd["id"]: nd["restarts"] for nd in walk(st["tree"])}
+        restarts = {nd["id"]: nd["restarts"] for nd in walk(one_processor_again(sock)["tree"])}
         # an operator-style restart: the cascade, not counted toward intensity (the
         # supervisor itself shows the restart of its children)
         assert restarts["processor_default_0"] == 1 and restarts["ProducerSupervisor"] == 0
         _, log = daemon.communicate(timeout=240)
-    except BaseException:
-        daemon.kill()
-        _, log = daemon.communicate(timeout=30)
-        print(log[-5000:])
-        raise
     assert daemon.returncode == 0, log[-5000:]
     assert "processor_default_1 did not finish leaving within 3s" in log
-    counts = Counter(r["id"] for r in read_records(str(out), "batch-"))
-    assert len(counts) == n, f"{n - len(counts)} lines lost"
-    requeued = sum(int(line.split("requeued ")[1].split()[0]) for line in log.splitlines()
-                   if ": requeued " in line)
-    assert requeued > 0 and sum(counts.values()) - n <= requeued
-    assert not list((short_tmp / "spool").glob("*.jsonl")), "spool not fully acked"
+    assert_nothing_lost(short_tmp, n, log)
