@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 import zmq
 
-from . import spark_rows, spark_wire
+from . import commands, spark_rows, spark_wire
 from .spark_commit import DEFAULT_INTERVAL, DEFAULT_ROWS, CommitGroups, Handed
 from .spec import StageSpec
 from .stage import Stage, StageExit
@@ -166,6 +166,7 @@ class CommitterStage(Stage):
         for h, t in zip(job, tables):
             h.table = t
         self._start("commit", items, lambda: self._commit(job))
+        self._report_now()
 
     def _conform(self, table: pa.Table) -> pa.Table:
         if self.schema is None:   # the first table fixes the dataset's schema
@@ -190,6 +191,15 @@ class CommitterStage(Stage):
 
         self._job = threading.Thread(target=run, name=f"spark-{kind}", daemon=True)
         self._job.start()
+
+    def _report_now(self) -> None:
+        """``status`` shows a job from the moment it starts to the moment it ends, not up
+        to a tick later (operators read ``committing`` there, and so do the tests that kill
+        a stage during a commit): one report more per job, about one a second."""
+        try:
+            self.report(commands.Stats(self.stats()))
+        except zmq.Again:
+            pass
 
     def _parse_schema(self) -> None:
         from .spark_sink import CommitFailed
@@ -273,3 +283,4 @@ class CommitterStage(Stage):
             self.counters["failed"] += sum(h.rows for h in items if id(h) in errors)
         for h in items:
             self._send(h.peer, spark_wire.result(h.ref, errors.get(id(h)), schema_ipc))
+        self._report_now()
