@@ -37,7 +37,6 @@ import os
 import random
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -48,7 +47,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from spark_sink import _env, start_server  # bench/ helpers
+from benchlib import free_port  # bench/ helpers
+from spark_sink import _env, start_server
 
 REPO = Path(__file__).resolve().parent.parent
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
@@ -70,12 +70,6 @@ def write_spool(spool: Path, lines: list[str], files: int = 10) -> None:
     for f in range(files):
         chunk = lines[f * per:(f + 1) * per]
         (spool / f"orders-{f:04d}.jsonl").write_text("\n".join(chunk) + "\n")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def example_config(remote: str, *, rabbit_queue: str | None = None,

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import wait_until
+from tests.conftest import free_port, wait_until
 
 nats = pytest.importorskip("nats", reason="the brokers extra (nats-py) is not installed")
 
@@ -103,12 +103,6 @@ class Jet:
         with contextlib.suppress(Exception):
             self.run(self.nc.close())
         self.loop.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class NatsServer:

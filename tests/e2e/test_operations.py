@@ -4,14 +4,20 @@ stop, /metrics, and the errors an operator sees when something is off."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
 
-from tests.conftest import REPO, offbroadway_cmd, start_daemon, test_env, wait_until
+from tests.conftest import (  # free_port: other tests import it from here too
+    REPO,
+    free_port,
+    offbroadway_cmd,
+    start_daemon,
+    test_env,
+    wait_until,
+)
 from tests.e2e.handlers import read_records
 from tests.e2e.test_pipeline import make_config, stage_pids, write_spool
 
@@ -19,12 +25,6 @@ from tests.e2e.test_pipeline import make_config, stage_pids, write_spool
 def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(offbroadway_cmd(*args), cwd=REPO, env=test_env(), capture_output=True,
                           text=True, timeout=60)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def walk(node: dict):

@@ -4,6 +4,8 @@ torn last write included; the reading cursor skips exactly those lines."""
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from hypothesis import given
 from hypothesis import strategies as st
 from offbroadway.stages.sources.spool import ledger
@@ -24,7 +26,7 @@ def covered(ranges: ledger.Ranges) -> set[int]:
 def well_formed(ranges: ledger.Ranges) -> bool:
     """Sorted, each lo <= hi, disjoint and not adjacent (merged as far as they go)."""
     return all(lo <= hi for lo, hi in ranges) and all(
-        a[1] + 1 < b[0] for a, b in zip(ranges, ranges[1:]))
+        a[1] + 1 < b[0] for a, b in pairwise(ranges))
 
 
 @given(CALLS)

@@ -12,17 +12,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
+from tests.conftest import REPO, free_port, offbroadway_cmd, test_env, wait_until
 from tests.e2e.test_pipeline import make_config, write_spool
 from tests.spark.test_pipeline_spark import spark_section
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def answers(port: int) -> bool:

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import time
 
-from tests.conftest import REPO, wait_until
+from tests.conftest import REPO, free_port, wait_until
 from tests.systemd.conftest import HANDLERS
 from tests.systemd.machine import Machine
 
@@ -24,12 +23,6 @@ LINES = sum(1 for f in sorted((REPO / "examples" / "spool").glob("*.jsonl"))
             for line in f.read_text().splitlines() if line.strip())
 BAD_LINES = sum(1 for f in sorted((REPO / "examples" / "spool").glob("*.jsonl"))
                 for line in f.read_text().splitlines() if line.strip() and '"sku"' not in line)
-
-
-def free_port() -> int:
-    with socket.socket() as s:    # the container shares the host's network
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def service_config(name: str, *, spark: bool, shutdown_timeout: float = 60.0,
@@ -43,6 +36,7 @@ def service_config(name: str, *, spark: bool, shutdown_timeout: float = 60.0,
     text = text.replace('output = "var/orders"', f'output = "{state}/orders"')
     text = text.replace('dir = "var/run"', f'dir = "/run/offbroadway/{name}"')
     text = text.replace('state_dir = "var/state"', f'state_dir = "{state}"')
+    # the container shares the host's network: a port free on the host
     text = text.replace('listen = "127.0.0.1:9464"', f'listen = "127.0.0.1:{free_port()}"')
     context = {"batcher": "spark"}
     if not spark:
