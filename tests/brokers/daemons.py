@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
 from tests.e2e.handlers import read_records
@@ -43,6 +44,20 @@ def handled(tmp: Path) -> Counter:
 def failed(tmp: Path) -> set:
     """The ids handle_failed saw."""
     return {r["id"] for r in read_records(str(tmp / "out"), "failed-")}
+
+
+def configs_for(parent: Path, names: tuple[str, ...] = ("a", "b"), **options: Any
+                ) -> list[tuple[Path, Path]]:
+    """A directory under ``parent`` and a config in it per daemon (``options`` are
+    :func:`tests.e2e.test_pipeline.make_config`'s), for :func:`side_by_side`."""
+    from tests.e2e.test_pipeline import make_config
+
+    out = []
+    for name in names:
+        tmp = parent / name
+        tmp.mkdir()
+        out.append((tmp, make_config(tmp, **options)))
+    return out
 
 
 @dataclass

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.brokers.conftest import AMQP_URL, REDIS_URL, unique
+from tests.brokers.daemons import configs_for, run, side_by_side
 from tests.brokers.daemons import failed as failed_in
 from tests.brokers.daemons import handled as handled_in
-from tests.brokers.daemons import run, side_by_side
 from tests.conftest import wait_until
 from tests.e2e.test_pipeline import make_config
 
@@ -80,14 +80,10 @@ def test_two_daemons_on_one_queue_share_the_work_without_doubles(short_tmp: Path
                                                                   rabbit) -> None:
     queue = rabbit.queue()
     n = 4000
-    configs = []
-    for name in ("a", "b"):
-        tmp = short_tmp / name
-        tmp.mkdir()
-        configs.append((tmp, make_config(
-            tmp, handler="tests.brokers.handlers:JsonBody", source="rabbitmq",
-            context={"slow": 0.0005}, options={"url": AMQP_URL, "queue": queue},
-            batchers={"default": {"batch_size": 100, "batch_timeout": 0.2}})))
+    configs = configs_for(short_tmp, handler="tests.brokers.handlers:JsonBody",
+                          source="rabbitmq", context={"slow": 0.0005},
+                          options={"url": AMQP_URL, "queue": queue},
+                          batchers={"default": {"batch_size": 100, "batch_timeout": 0.2}})
     with side_by_side(configs) as side:
         for i in range(n):
             rabbit.ch.basic_publish("", queue, json.dumps({"seq": i}).encode(), rabbit_props(i))

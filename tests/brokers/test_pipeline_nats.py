@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from tests.brokers.daemons import configs_for, handled, reap, run, side_by_side, start
 from tests.brokers.daemons import failed as failed_in
-from tests.brokers.daemons import handled, reap, run, side_by_side, start
 from tests.brokers.natsutil import NATS_URL, Jet
 from tests.conftest import wait_until
 from tests.e2e.test_pipeline import make_config, stage_pids
@@ -53,14 +53,9 @@ def test_two_daemons_on_one_durable_share_the_work_without_doubles(short_tmp: Pa
                                                                    jet: Any) -> None:
     stream = jet.stream()
     n = 4000
-    configs = []
-    for name in ("a", "b"):
-        tmp = short_tmp / name
-        tmp.mkdir()
-        configs.append((tmp, make_config(
-            tmp, handler="tests.brokers.handlers:JsonBody", source="nats",
-            context={"slow": 0.0005}, options={"url": NATS_URL, "stream": stream},
-            batchers={"default": {"batch_size": 100, "batch_timeout": 0.2}})))
+    configs = configs_for(short_tmp, handler="tests.brokers.handlers:JsonBody", source="nats",
+                          context={"slow": 0.0005}, options={"url": NATS_URL, "stream": stream},
+                          batchers={"default": {"batch_size": 100, "batch_timeout": 0.2}})
     with side_by_side(configs) as side:
         ids = jet.publish(stream, [json.dumps({"seq": i}).encode() for i in range(n)])
         wait_until(lambda: sum(len(handled(t)) for t in side.dirs) >= n, timeout=120,
