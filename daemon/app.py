@@ -36,7 +36,6 @@ from offbroadway.stages.spec import STAGE_ENV
 from offbroadway.supervision import (
     ChildExited,
     Restarting,
-    SupervisionError,
     Supervisor,
 )
 
@@ -47,11 +46,11 @@ from . import resize as resize_mod
 from . import status as status_mod
 from . import topology as topo_mod
 from .config import Config
-from .config import warnings as config_warnings
 from .hub import Hub
 from .notify import Notifier
 from .operator import Operator
 from .poison import read_blame
+from .resizer import Resizer
 from .terminator import Phase, Terminator
 
 log = logging.getLogger("offbroadway.daemon")
@@ -109,10 +108,8 @@ class Daemon:
         #: "waiting for its source", once
         self._announced_up = False
         self._said_waiting = False
-        #: one resize at a time; the stages a resize removes, and those that said ``left``
-        self._resize_lock = asyncio.Lock()
-        self._leaving: set[str] = set()
-        self._left: set[str] = set()
+        #: carries out resizes (offbroadway scale, a reload's concurrency)
+        self.resizer = Resizer(self)
         self._background: set[asyncio.Future] = set()
 
     # -- wiring -----------------------------------------------------------------------------
@@ -127,10 +124,10 @@ class Daemon:
             kwargs.update(spark_child=spark.child, committer_env=spark.committer_env,
                           spark_settings=spark.settings)
         self._build_kwargs = kwargs
-        self.topology = self._topology_of(self.config)
+        self.topology = self.topology_of(self.config)
         self._spark_settings = kwargs.get("spark_settings")
         #: stage id -> its StageSpec payload after a reload (restarts use the new values)
-        self._payloads: dict[str, str] = {}
+        self.payloads: dict[str, str] = {}
         self.stop_budget = stopbudget.total(self.config.pipeline.shutdown_timeout,
                                             self.topology.root)
         self.reactions = reactions_mod.Reactions(
@@ -138,14 +135,19 @@ class Daemon:
         self.terminator = Terminator(self.topology)
         self.board = status_mod.Board(self.topology)
 
-    def _topology_of(self, config: Any) -> topo_mod.Topology:
+    def topology_of(self, config: Config) -> topo_mod.Topology:
         """The tree of ``config``, wired as this daemon's (the one Spark server)."""
         return topo_mod.build(config, stage_env=self._stage_env, **self._build_kwargs)
+
+    @property
+    def stopping(self) -> bool:
+        """A stop was asked for (SIGTERM, SIGINT, offbroadway stop)."""
+        return self._stop.is_set()
 
     def _stage_env(self, stage_id: str) -> dict[str, str]:
         env = {logs.LEVEL_ENV: self.config.runtime.log_level,
                logs.FORMAT_ENV: self.config.runtime.log_format}
-        payload = getattr(self, "_payloads", {}).get(stage_id)
+        payload = getattr(self, "payloads", {}).get(stage_id)
         if payload is not None:
             env[STAGE_ENV] = payload
         return env
@@ -167,7 +169,7 @@ class Daemon:
             return {"ok": False, "error": f"reload refused: cannot read {self.config.path}: "
                                           f"{exc}"}
         resizes = resize_mod.requests(self.config, new)
-        if resizes and (self._stop.is_set() or self.terminator.draining):
+        if resizes and (self.stopping or self.terminator.draining):
             log.error("%s refused: the pipeline is stopping", why)
             return {"ok": False, "error": "reload refused: the pipeline is stopping"}
         batchers: set[str] = set()
@@ -189,14 +191,14 @@ class Daemon:
             for key in sorted(batchers)])
         if resizes:
             # the new specs carry every reloaded value to the stages started from now on
-            done = await self.resize(new, why)
+            done = await self.resizer.resize(new, why)
             if not done["ok"]:
                 return {"ok": False, "error": f"reload: {done['error']}"}
         else:
             self.config = new
             # stages restarted from now on start with the new values
             fresh = topo_mod.build(new, spark_settings=self._spark_settings)
-            self._payloads = {w.id: w.env()[STAGE_ENV] for w in _workers(fresh.root)}
+            self.payloads = {w.id: w.env()[STAGE_ENV] for w in _workers(fresh.root)}
         log.info("%s: %s", why, changes.describe())
         return {"ok": True, "applied": changes.describe()}
 
@@ -204,118 +206,6 @@ class Daemon:
         task = asyncio.ensure_future(self.reload("SIGHUP reload"))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    # -- resize -------------------------------------------------------------------------------
-    async def scale(self, words: object) -> dict:
-        """``offbroadway scale processors N`` / ``batch_processors KEY N``."""
-        try:
-            if not isinstance(words, list):
-                raise resize_mod.ResizeRefused(f"usage: {resize_mod.USAGE}")
-            new = resize_mod.resized(self.config, resize_mod.parse(words))
-        except resize_mod.ResizeRefused as exc:
-            return {"ok": False, "error": f"scale refused: {exc}"}
-        return await self.resize(new, "offbroadway scale")
-
-    async def resize(self, new_config: Config, why: str) -> dict:
-        """Take the running pipeline to ``new_config``'s concurrencies (:mod:`.resize`):
-        the planner orders the steps, this carries them out."""
-        if self._stop.is_set() or self.terminator.draining:
-            return {"ok": False, "error": f"{why} refused: the pipeline is stopping"}
-        async with self._resize_lock:
-            old = self.topology
-            new = self._topology_of(new_config)
-            steps = resize_mod.plan(old, new)
-            if not steps:
-                return {"ok": True, "message": f"nothing to change: {resize_mod.shape(old)}"}
-            change = f"{resize_mod.shape(old)} -> {resize_mod.shape(new)}"
-            log.info("%s: %s", why, change)
-            for line in sorted(set(config_warnings(new_config)) -
-                               set(config_warnings(self.config))):
-                log.warning("%s: %s", why, line)     # e.g. a fixed prefetch now too small
-            try:
-                await self._carry_out(steps, new_config, new)
-            except (SupervisionError, _Stopped) as exc:
-                log.error("%s: %s not completed: %s", why, change, exc)
-                return {"ok": False, "error": f"{why}: {change} not completed: {exc}"}
-            finally:
-                self._leaving.clear()
-                self._left.clear()
-                self._tree = self.root.snapshot()   # /metrics shows the new shape now
-            log.info("%s: done, %s", why, resize_mod.shape(new))
-            return {"ok": True, "message": change}
-
-    async def _carry_out(self, steps: list[resize_mod.Step], config: Config,
-                         topology: topo_mod.Topology) -> None:
-        for step in steps:
-            if self._stop.is_set():
-                raise _Stopped("the pipeline is stopping")
-            op = step.op
-            if op == resize_mod.CHANGE_SPEC:
-                self._payloads = {}   # the new specs carry what a reload changed
-                await self.root.change_spec(topology.root)
-            elif op == resize_mod.ADOPT:
-                self.config = config
-                self.reactions.adopt(topology)
-                self.terminator.adopt(topology)
-                self.board.topology = topology
-                self.topology = topology
-                self.stop_budget = stopbudget.total(config.pipeline.shutdown_timeout,
-                                                    topology.root)
-            elif op == resize_mod.START:
-                try:
-                    await self._supervisor(step.supervisor).restart_child(step.stage)
-                except SupervisionError as exc:
-                    if not str(exc).startswith(("running:", "restarting:")):
-                        raise
-                    # a crash's restart built the new shape meanwhile and started it
-            elif op == resize_mod.SUBSCRIBE:
-                # not connected: that batcher is restarting, with the new processor in its spec
-                self.send([reactions_mod.Send(step.stage, commands.Subscribe(step.peer))])
-            elif op == resize_mod.LEAVE:
-                self._leaving.add(step.stage)
-                self.send([reactions_mod.Send(step.stage, commands.Leave())])
-            elif op == resize_mod.AWAIT_LEFT:
-                await self._await_left(step.stages)
-            elif op == resize_mod.REMOVE:
-                sup = self._supervisor(step.supervisor)
-                if step.stage in [c.id for c in sup.children]:
-                    await sup.terminate_child(step.stage)
-                    await sup.delete_child(step.stage)
-            elif op == resize_mod.WINDOW:
-                self.send([reactions_mod.Send(step.stage, commands.Window(step.count))])
-            elif op == resize_mod.FORGET:
-                for stage in step.stages:
-                    self.board.stats.pop(stage, None)
-                self.reactions.forget(step.stages)
-
-    def _supervisor(self, sup_id: str) -> Supervisor:
-        node = self.root.find(sup_id)
-        if not isinstance(node, Supervisor):
-            raise SupervisionError(f"not_found: no supervisor {sup_id!r}")
-        return node
-
-    async def _await_left(self, stages: tuple[str, ...]) -> None:
-        """Until every leaving stage said ``left`` (or is gone: a crash's restart built
-        the new shape without it, and its messages were requeued).  One that has not
-        within ``shutdown_timeout`` is restarted out as a crash would be: the new shape,
-        and what it held requeued once (at-least-once), rather than a resize that hangs."""
-        def gone(stage: str) -> bool:
-            return stage in self._left or self.root.find(stage) is None
-
-        timeout = self.config.pipeline.shutdown_timeout
-        await self._wait_for(lambda: all(map(gone, stages)) or self._stop.is_set(),
-                             time.monotonic() + timeout)
-        if self._stop.is_set():
-            raise _Stopped("the pipeline is stopping")
-        late = [s for s in stages if not gone(s)]
-        for stage in late:
-            node = self.root.find(stage)
-            if node is None or node.parent is None:
-                continue              # gone with the restart of an earlier one
-            target = self.reactions.operator_restart(node.parent.id)
-            log.warning("resize: %s did not finish leaving within %gs; restarting %s (what "
-                        "it holds goes back to the source)", stage, timeout, target)
-            await self.root.restart_subtree_or_child(target)
 
     def on_report(self, stage_id: str, report: commands.Report) -> None:
         """A stage's report: its figures for status and the totals, and the terminator's
@@ -336,8 +226,7 @@ class Daemon:
             self._progress.set()
         elif isinstance(report, commands.Hello):
             self.send(t.hello(stage_id))
-        elif isinstance(report, commands.Left) and stage_id in self._leaving:
-            self._left.add(stage_id)
+        elif isinstance(report, commands.Left) and self.resizer.report_left(stage_id):
             self.reactions.left(stage_id)
             self._progress.set()
 
@@ -392,7 +281,7 @@ class Daemon:
         try:
             # the HTTP thread reads a copy refreshed on the loop, never the live tree
             self.metrics_server = metrics.serve(self.config.metrics.listen, self.metrics_dir,
-                                                self.config.pipeline.name, lambda: self._tree,
+                                                self.config.pipeline.name, lambda: self.tree_copy,
                                                 rate_limit=self.rate_bucket)
         except metrics.ListenError:
             shutil.rmtree(self.metrics_dir, ignore_errors=True)
@@ -408,7 +297,7 @@ class Daemon:
         self._build()
         self.metrics_server = None
         self.root = Supervisor(self.topology.root, on_event=self.on_event)
-        self._tree: dict = self.root.snapshot()
+        self.tree_copy: dict = self.root.snapshot()
         if self.config.metrics.listen:
             self._serve_metrics()
         # before any producer starts: each maps it at setup
@@ -553,7 +442,7 @@ class Daemon:
         """Once a second: systemd's watchdog ping and the tree copy /metrics reads."""
         interval = min(1.0, self.notifier.watchdog_interval() or 1.0)
         while True:
-            self._tree = self.root.snapshot()
+            self.tree_copy = self.root.snapshot()
             self.notifier.watchdog()
             self._announce_up()
             await asyncio.sleep(interval)
@@ -614,7 +503,7 @@ class Daemon:
         self.notifier.status("draining")
         t = self.terminator
         self.send(t.begin())
-        if not await self._wait_for(lambda: t.ended, deadline):
+        if not await self.wait_for(lambda: t.ended, deadline):
             for line in t.expire():
                 log.warning("drain: after %.1fs, %s", timeout, line)
         if t.phase is Phase.REQUEUED and self.until_idle and not self._stop.is_set():
@@ -651,7 +540,7 @@ class Daemon:
         print(f"{name}: {acked} messages acked, {failed} failed"
               + (f" (failed messages: {where})" if where else ""), flush=True)
 
-    async def _wait_for(self, predicate, deadline: float) -> bool:
+    async def wait_for(self, predicate, deadline: float) -> bool:
         while not predicate():
             if self._abort:
                 return False
@@ -681,11 +570,7 @@ class Daemon:
                 "failed_to": self.board.failed_to(),
                 "sources_down": self.board.sources_down(),
                 # a resize under way: the stages it removes that are finishing what they hold
-                "leaving": sorted(self._leaving - self._left)}
-
-
-class _Stopped(Exception):
-    """A stop began in the middle of a resize: the tree stops as it is."""
+                "leaving": self.resizer.still_leaving()}
 
 
 def _workers(node: Any) -> list:

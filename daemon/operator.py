@@ -57,7 +57,7 @@ class Operator:
             ids = [n["id"] for n in nodes(d.root.snapshot())][1:]
             return {"ok": False, "error": f"no child with id {child_id!r}; children: "
                     f"{', '.join(ids)}"}
-        if child_id in d._leaving:
+        if child_id in d.resizer.leaving:
             return {"ok": False, "error": f"{child_id} is leaving the pipeline (a resize "
                     f"removes it); nothing to restart"}
         # the same cascade as a crash of child_id (a processor's restart goes through
@@ -92,7 +92,7 @@ class Operator:
 
     async def scale(self, req: dict) -> Answer:
         """``offbroadway scale processors N`` / ``batch_processors KEY N`` (:mod:`.resize`)."""
-        return await self.daemon.scale(req.get("args"))
+        return await self.daemon.resizer.scale(req.get("args"))
 
     async def rate_limit(self, req: dict) -> Answer:
         """Read the pipeline's rate limit, or change it (``limit``: "N/SECONDS" or "off");
