@@ -193,7 +193,12 @@ def test_sigterm_drains_everything_fetched_and_fetches_nothing_more(short_tmp: P
         "odd": {"batch_size": 100, "batch_timeout": 30.0}})
     daemon = start_daemon(config)
     out = short_tmp / "out"
-    wait_until(lambda: len(read_records(str(out), "batch-")) >= 500, timeout=60,
+    # the whole tree up, not just the first batcher: a stop while the daemon is still
+    # starting stops what has started without a drain (batches of the first key could
+    # reach 500 records before batcher_odd had started, under load)
+    sock = short_tmp / "run" / "control.sock"
+    wait_until(lambda: len(read_records(str(out), "batch-")) >= 500 and
+               tree_nodes(sock)["PipelineSupervisor"]["state"] == "running", timeout=60,
                message="the pipeline to get going")
     daemon.send_signal(signal.SIGTERM)
     code = daemon.wait(30)
