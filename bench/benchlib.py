@@ -33,6 +33,25 @@ class Noop(Pipeline):
 '''
 
 
+def sink_and_runtime(tmp: Path, listen: str = "", runtime: str = "") -> str:
+    """The end of every benchmark config: one ``sink`` batcher of 100 (one batch processor),
+    metrics on ``listen`` ('' for off), runtime and state under ``tmp``, plus ``runtime``
+    lines (e.g. ``log_format``)."""
+    return f"""
+[batchers.sink]
+batch_size = 100
+batch_timeout = 1.0
+concurrency = 1
+
+[metrics]
+listen = "{listen}"
+
+[runtime]
+dir = "{tmp}/run"
+state_dir = "{tmp}/state"
+{runtime}"""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -41,6 +41,7 @@ from benchlib import (
     producer_acked,
     producer_source,
     sample_cpu,
+    sink_and_runtime,
     start_daemon,
     statuses,
 )
@@ -178,18 +179,7 @@ queue = "{queue}"
 [processors.default]
 concurrency = {processors}
 
-[batchers.sink]
-batch_size = 100
-batch_timeout = 1.0
-concurrency = 1
-
-[metrics]
-listen = "{listen}"
-
-[runtime]
-dir = "{tmp}/run"
-state_dir = "{tmp}/state"
-""")
+""" + sink_and_runtime(tmp, listen))
     daemon = start_daemon(tmp, config, "--until-idle")
     sock = str(tmp / "run" / "control.sock")
     first: tuple[float, int] | None = None

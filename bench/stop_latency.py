@@ -27,14 +27,21 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import NOOP_HANDLER, free_port, producer_messages, start_daemon, status
+from benchlib import (
+    NOOP_HANDLER,
+    free_port,
+    producer_messages,
+    sink_and_runtime,
+    start_daemon,
+    status,
+)
 
 
 def write_config(tmp: Path, metrics: bool) -> Path:
     (tmp / "bench_stop.py").write_text(NOOP_HANDLER)
     listen = f"127.0.0.1:{free_port()}" if metrics else ""
     config = tmp / "bench.toml"
-    config.write_text(f"""
+    config.write_text("""
 [pipeline]
 name = "stopbench"
 handler = "bench_stop:Noop"
@@ -48,19 +55,7 @@ payload_bytes = 16
 [processors.default]
 concurrency = 2
 
-[batchers.sink]
-batch_size = 100
-batch_timeout = 1.0
-concurrency = 1
-
-[metrics]
-listen = "{listen}"
-
-[runtime]
-dir = "{tmp}/run"
-state_dir = "{tmp}/state"
-log_format = "json"
-""")
+""" + sink_and_runtime(tmp, listen, 'log_format = "json"\n'))
     return config
 
 

@@ -40,7 +40,14 @@ import time
 from pathlib import Path
 
 import psutil
-from benchlib import NOOP_HANDLER, producer_acked, sample_cpu, start_daemon, statuses
+from benchlib import (
+    NOOP_HANDLER,
+    producer_acked,
+    sample_cpu,
+    sink_and_runtime,
+    start_daemon,
+    statuses,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 ROLES = ("producer", "processor", "batcher", "batch_processor")
@@ -122,18 +129,7 @@ payload_bytes = {payload_bytes}
 [processors.default]
 concurrency = 2
 {demand}
-[batchers.sink]
-batch_size = 100
-batch_timeout = 1.0
-concurrency = 1
-
-[metrics]
-listen = ""
-
-[runtime]
-dir = "{tmp}/run"
-state_dir = "{tmp}/state"
-""")
+""" + sink_and_runtime(tmp))
     daemon = start_daemon(tmp, config, "--until-idle", stdout=subprocess.DEVNULL)
     sock = str(tmp / "run" / "control.sock")
 
