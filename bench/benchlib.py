@@ -8,7 +8,6 @@ Imported by the scripts as ``benchlib`` (a script's folder is first on ``sys.pat
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+from offbroadway.daemon.spark_server import free_port  # noqa: F401 (re-exported: one definition)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -50,12 +51,6 @@ listen = "{listen}"
 dir = "{tmp}/run"
 state_dir = "{tmp}/state"
 {runtime}"""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_daemon(tmp: Path, config: Path, *args: str, stdout: Any = subprocess.PIPE

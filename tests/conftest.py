@@ -4,7 +4,6 @@ condition) and running the real daemon as a subprocess."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 import pytest
+from offbroadway.daemon.spark_server import free_port  # noqa: F401 (re-exported: one definition)
 
 REPO = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
@@ -28,14 +28,6 @@ def wait_until(predicate: Callable[[], T], timeout: float = 10.0, interval: floa
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
-
-
-def free_port() -> int:
-    """A localhost TCP port the kernel just handed out (free now; a listener started right
-    after gets it unless another process races for it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def offbroadway_cmd(*args: str) -> list[str]:
