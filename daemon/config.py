@@ -289,14 +289,9 @@ def _batchers(t: _Table) -> dict[str, BatcherConfig]:
         if not _NAME.match(key) or "." in key:
             raise ConfigError(f"{t.key(key)}: batcher keys are letters, digits, '_' and '-'")
         b = t.table(key)
-        size = b.get("batch_size", (int, str), 100)
-        batch_bytes = isinstance(size, str)
-        try:
-            size = parse_size(size)
-        except ValueError as exc:
-            raise ConfigError(f"{b.key('batch_size')}: {exc}") from None
-        if size <= 0:
-            raise ConfigError(f"{b.key('batch_size')}: must be greater than 0 (got {size})")
+        # a count (100) or a size ("1 MiB"): the type says which
+        batch_bytes = isinstance(b.get("batch_size", (int, str)), str)
+        size = _size(b, "batch_size") or 100
         out[key] = BatcherConfig(
             batch_size=size, batch_bytes=batch_bytes,
             batch_timeout=b.get("batch_timeout", float, 1.0, check=_positive),
