@@ -278,6 +278,9 @@ class Stage:
             pass
         finally:
             self._log_failures(final=True)    # what failed since the last line
+            # what happened since the last tick: a stage stopped within a second of its
+            # last work (an operator restart, a resize, a stop) would lose it from /metrics
+            self.metrics.flush(self.counters, self.stats())
             self.teardown()
             if self.leaving:
                 self._flush_on_exit()
