@@ -63,6 +63,7 @@ def rootfs_tarball() -> Path:
         subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}",
                         SUITE, str(build), MIRROR], check=True, capture_output=True,
                        timeout=900)
+        build.chmod(0o755)     # mkdtemp made it 0700, and tar records "." with that mode
         partial = tarball.with_suffix(".partial")
         subprocess.run(["tar", "-C", str(build), "-cf", str(partial), "."], check=True)
         partial.rename(tarball)
@@ -155,6 +156,10 @@ def boot_machine(workdir: Path) -> Machine:
     root = workdir / "rootfs"
     root.mkdir()
     subprocess.run(["tar", "-C", str(root), "-xf", str(tarball)], check=True)
+    # the container's "/": a tarball cached by an earlier version recorded it 0700, and
+    # then no user but root can resolve a path inside (dbus-daemon's inotify, the service's
+    # WorkingDirectory and its journal socket all fail with EACCES; the boot never ends)
+    root.chmod(0o755)
     machine = Machine(root, wheels)
     started = time.monotonic()
     machine.boot()
