@@ -19,3 +19,13 @@ class JsonBody(Recorder):
 
 class FieldMap(Recorder):
     """Redis entries are field maps already; "fail" is "1" or ""."""
+
+
+class Filters(JsonBody):
+    """Discards (acks without writing) the messages whose body has ``"drop": true``."""
+
+    def handle_message(self, processor: str, message: Message, context) -> Message:
+        message = super().handle_message(processor, message, context)
+        if message.data.get("drop"):
+            return message.discard()
+        return message
