@@ -151,8 +151,10 @@ class RateLimitCollector:
 
 
 def serve(listen: str, path: str, pipeline: str, snapshot: Callable[[], dict], *,
-          rate_limit: Callable[[], Any] | None = None) -> MetricsServer:
-    """Start the HTTP listener in a background thread; returns the server (``shutdown()``)."""
+          rate_limit: Callable[[], Any] | None = None,
+          wrap: Callable[[Callable], Callable] | None = None) -> MetricsServer:
+    """Start the HTTP listener in a background thread; returns the server (``shutdown()``).
+    ``wrap`` puts another WSGI app in front of the metrics one (the live page, :mod:`.web`)."""
     from prometheus_client import CollectorRegistry, make_wsgi_app
     from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -163,11 +165,13 @@ def serve(listen: str, path: str, pipeline: str, snapshot: Callable[[], dict], *
         registry.register(RateLimitCollector(pipeline, rate_limit))
     host, _, port = listen.rpartition(":")
     try:
-        server = MetricsServer(host.strip("[]"), int(port), make_wsgi_app(registry))
+        app = make_wsgi_app(registry)
+        server = MetricsServer(host.strip("[]"), int(port), wrap(app) if wrap else app)
     except OSError as exc:
         raise ListenError(f"metrics.listen = {listen!r}: cannot listen there: "
                           f"{exc.strerror or exc}") from None
-    log.info("metrics on http://%s/metrics", listen)
+    log.info("metrics on http://%s/metrics%s", listen,
+             f", the live page on http://{listen}/" if wrap else "")
     return server
 
 
