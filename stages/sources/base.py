@@ -33,8 +33,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 from ..protocol import MAX_FRAME_BYTES
 from ..redact import mask_url
+
+if TYPE_CHECKING:
+    from .deadletters import DeadLetterBox
 
 # (message id, data, metadata, handle).  The handle never leaves the producer process, so it
 # may be any Python object that is cheap to keep: an int, a tuple, a record.
@@ -114,6 +119,13 @@ class Source(abc.ABC):
         spool directory that does not exist), and return notes on what only a live
         connection can tell (a broker's address), which ``check`` prints as such."""
         return []
+
+    @classmethod
+    def dead_letters(cls, options: Mapping[str, Any], *, pipeline: str,
+                     state_dir: str) -> DeadLetterBox | None:
+        """Where this source keeps the messages it failed, for ``offbroadway dead-letters``
+        to list and replay (:mod:`.deadletters`); None: it keeps none."""
+        return None
 
     # -- lifecycle ----------------------------------------------------------------------------
     def open(self) -> None:

@@ -31,7 +31,7 @@ import time
 import zlib
 from collections.abc import Iterable, Mapping
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..base import Failure, Item, Source, SourceOptionError, oversized
 from . import record
@@ -41,6 +41,9 @@ from .ledger import DONE_MARK, ranges_line
 from .reader import LINE_BITS, LINE_MASK, LineReader, Oversized, SpoolFile
 from .record import RECORD_SUFFIX
 from .settings import KNOWN_OPTIONS, NAME, parse_options
+
+if TYPE_CHECKING:
+    from .replay import SpoolDeadLetters
 
 log = logging.getLogger("offbroadway.sources.spool")
 
@@ -100,6 +103,13 @@ class SpoolSource(Source):
                                     f"and writable by uid {os.getuid()} (finished files are "
                                     f"moved out of it)", "path")
         return []
+
+    @classmethod
+    def dead_letters(cls, options: Mapping[str, Any], *, pipeline: str,
+                     state_dir: str) -> SpoolDeadLetters:
+        from .replay import SpoolDeadLetters
+
+        return SpoolDeadLetters(options, state_dir)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def open(self) -> None:
