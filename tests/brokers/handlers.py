@@ -29,3 +29,13 @@ class Filters(JsonBody):
         if message.data.get("drop"):
             return message.discard()
         return message
+
+
+class Flaky(JsonBody):
+    """Fails the first delivery of each message whose body has ``"flaky": true`` (a
+    transient error: its redelivery succeeds)."""
+
+    def handle_message(self, processor: str, message: Message, context) -> Message:
+        if not message.metadata["redelivered"] and b'"flaky": true' in message.data:
+            return message.failed("a transient error, on purpose")
+        return super().handle_message(processor, message, context)
