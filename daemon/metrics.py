@@ -4,9 +4,10 @@ Stages write their counters, gauges and histograms into ``PROMETHEUS_MULTIPROC_D
 (``offbroadway.stages.metrics``); the daemon aggregates them at scrape time and adds what
 only it knows, computed fresh per scrape from the supervision tree and psutil
 (:func:`.status.usage`, the walk ``status`` uses too): children up, restarts, RSS and CPU
-per child.  The directory is wiped when the daemon starts (files of
-a previous run would otherwise be summed in), and a dead child's files are folded into
-per-type archives (:mod:`.metricsdir`), so it stays bounded through any number of restarts.  The listener binds 127.0.0.1 unless the config says otherwise.
+per child.  The directory is wiped when the daemon starts (files of a previous run would
+otherwise be summed in), and a dead child's files are folded into per-type archives
+(:mod:`.metricsdir`), so it stays bounded through any number of restarts.  The listener
+binds 127.0.0.1 unless the config says otherwise.
 
 The HTTP server is prometheus-client's WSGI app behind our own accept loop: the library's
 ``start_http_server`` runs ``serve_forever``, whose ``shutdown()`` waits out a 0.5 s poll,
