@@ -185,6 +185,19 @@ class Source(abc.ABC):
 
 # -- option helpers, shared by every source so errors read the same everywhere ---------------
 
+class SourceError(RuntimeError):
+    """The server refuses the source as configured (credentials refused, no such queue,
+    stream or vhost, a key that is not a stream), so :meth:`Source.open` cannot succeed
+    until someone changes the config or the server.  Its message is the one line an
+    operator needs, the server's own words included: the stage process says it and exits
+    with :data:`EXIT_SOURCE_REFUSED`, instead of dying with a traceback.  A server that
+    merely does not answer is not this: a source retries that."""
+
+
+#: the exit code of a stage whose source the server refused (EX_CONFIG, from sysexits.h)
+EXIT_SOURCE_REFUSED = 78
+
+
 class SourceOptionError(ValueError):
     """A ``[producer.options]`` entry is wrong; ``option`` names it for the config checker."""
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from ...redact import mask_url
 from .. import window_option
-from ..base import Failure, Item, Source, not_contacted
+from ..base import Failure, Item, Source, SourceError, not_contacted
 from ..decode import body_decoder, decode_bodies
 from ..mailbox import Mailbox
 from .connection import JetStreamPuller
@@ -78,7 +78,7 @@ class NatsSource(Source):
             self._io = None
             self._mailbox.close()
             self._mailbox = None
-            raise RuntimeError(f"nats source: cannot consume {s.stream}/{s.consumer} at "
+            raise SourceError(f"nats source: cannot consume {s.stream}/{s.consumer} at "
                                f"{self._url()}: {fatal}") from fatal
         if s.prefetch_auto and "auto_prefetch" not in self.options:
             log.warning("nats source: prefetch is \"auto\" but the daemon passed no "

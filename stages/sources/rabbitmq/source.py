@@ -27,7 +27,7 @@ from typing import Any
 
 from ...redact import describe_error, mask_url
 from .. import window_option
-from ..base import Failure, Item, Source, not_contacted
+from ..base import Failure, Item, Source, SourceError, not_contacted
 from ..decode import body_decoder, decode_bodies
 from ..mailbox import Mailbox
 from .connection import Consumer
@@ -110,7 +110,7 @@ class RabbitMQSource(Source):
             io.stop()
             self._mailbox.close()
             self._mailbox = None
-            raise RuntimeError(f"rabbitmq source: cannot consume queue "
+            raise SourceError(f"rabbitmq source: cannot consume queue "
                                f"{self.settings.queue!r} at {self.url_masked}: "
                                f"{describe_error(io.fatal, self.settings.url)}") from io.fatal
         s = self.settings

@@ -46,6 +46,7 @@ from ..base import (
     Failure,
     Item,
     Source,
+    SourceError,
     next_attempt,
     not_contacted,
     oversized,
@@ -147,8 +148,13 @@ class RedisStreamsSource(Source):
             client_name=self.consumer[:64].replace(" ", "_"))
         try:
             self._connect()
-        except (redis.ResponseError, redis.AuthenticationError):
-            raise        # a wrong password or a key that is not a stream: fail at start
+        except (redis.ResponseError, redis.AuthenticationError) as exc:
+            # a wrong password or a key that is not a stream: fail at start
+            self._client.close()
+            self._client = None
+            raise SourceError(f"redis source: cannot read stream {self.stream!r} as group "
+                              f"{self.group!r} at {self.url_masked}: "
+                              f"{describe_error(exc, self.url)}") from exc
         except redis.RedisError as exc:
             self._on_error(exc)
         log.info("redis source: stream %r group %r consumer %r at %s: %s", self.stream,
