@@ -1,22 +1,32 @@
-"""End-to-end throughput: the real daemon against the shared bare ceiling, interleaved.
+"""End-to-end throughput: the real daemon against two yardsticks, interleaved.
 
     .venv/bin/python bench/throughput.py [--messages 2000000] [--repeat 5]
         [--payload-bytes 16] [--dispatcher spread demand] [--producers 1]
-        [--max-demand N ...] [--no-ceiling] [--ceiling PATH]
+        [--max-demand N ...] [--no-ceiling] [--ceiling PATH] [--no-lean] [--lean PATH]
 
 Pipeline (issue 12's shape): generator source (1 producer, or ``--producers``; ``count``
 split among them) → processors concurrency 2 → one batcher (``batch_size`` 100) → one
 batch processor, handlers that do nothing but route to the batcher.  Demand settings are
 the defaults unless ``--max-demand`` names them (one per dispatcher, min_demand half).
 
-The ceiling is ``../shared/bench/ceiling.py`` run as it is (the same five processes
-passing msgpack frames of 100 events over ZeroMQ with no protocol, demand or acks), in the
-same run: every round runs the ceiling and then each configuration (the order reversed
-every other round), so the machine's load, shared with other work, hits both alike.  The
-ratio that counts is a round's rate over the same round's ceiling; the summary quotes
-medians.
+The yardsticks are two scripts that sit beside the repository, in ``../shared/bench/``
+(a checkout of the project's shared folder; the bench runs without them, and says so):
 
-Per round it prints: messages/s; the ceiling's rate; their ratio; CPU µs per message per
+* ``ceiling.py``: the transport's limit, the same five processes passing msgpack frames
+  of 100 events over ZeroMQ with no protocol, demand or acks;
+* ``lean_pipeline.py``: a lean pipeline of the same shape that keeps Broadway's
+  per-message work (a ``Message`` per event, the real callbacks, an in-flight table,
+  demand, per-message acks) and leaves out failures, metadata, blame, metrics,
+  partitioning and supervision.
+
+Both are run as they are, in the same run: every round runs the ceiling, the lean
+pipeline and each configuration (the order reversed every other round), so the machine's
+load, shared with other work, hits them alike.  The ratios that count are a round's rate
+over the same round's yardsticks; the summary quotes medians.  The lean pipeline's CPU
+per role is read the same way as the daemon's (its five processes are its children, in
+the order it starts them: producer, batch processor, batcher, two processors).
+
+Per round it prints: messages/s; the yardsticks' rates; the ratios to each; CPU µs per message per
 stage role (user + system of the whole process, all processes of the role summed, from
 the first acked message to the last, so start-up is not counted), of which the kernel's
 share (system time) and the ZeroMQ I/O threads (every thread but the main one, from
@@ -53,14 +63,14 @@ REPO = Path(__file__).resolve().parent.parent
 ROLES = ("producer", "processor", "batcher", "batch_processor")
 
 
-def _default_ceiling() -> Path:
-    """``../shared/bench/ceiling.py`` from the repository (a worktree sits one level
+def _yardstick(name: str) -> Path:
+    """``../shared/bench/<name>`` beside the repository (a worktree sits one level
     further down, so the parent's parent is tried too)."""
     for base in (REPO.parent, REPO.parent.parent):
-        path = base / "shared" / "bench" / "ceiling.py"
+        path = base / "shared" / "bench" / name
         if path.exists():
             return path
-    return REPO.parent / "shared" / "bench" / "ceiling.py"
+    return REPO.parent / "shared" / "bench" / name
 
 
 # -- memory ----------------------------------------------------------------------------------
@@ -101,6 +111,41 @@ def ceiling_run(path: Path, messages: int) -> dict:
     except (IndexError, ValueError):
         raise SystemExit(f"ceiling failed ({proc.returncode}): {err[-2000:]}") from None
     return {"rate": rate, "peak_pss_bytes": peak}
+
+
+#: the lean pipeline's processes, in the order it starts them (its children, by pid)
+LEAN_ROLES = ("producer", "batch_processor", "batcher", "processor", "processor")
+
+
+def lean_run(path: Path, messages: int) -> dict:
+    """Run the shared lean pipeline as it is: its rate (it times its first to its last
+    batch) and its CPU per message per role (each child's last sample; start-up
+    included, as the script itself counts it)."""
+    proc = subprocess.Popen([sys.executable, str(path), str(messages)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    cpu: dict[int, float] = {}
+    root = psutil.Process(proc.pid)
+    while proc.poll() is None:
+        try:
+            for child in root.children():
+                try:
+                    t = child.cpu_times()
+                    cpu[child.pid] = t.user + t.system
+                except psutil.Error:
+                    pass
+        except psutil.Error:
+            pass
+        time.sleep(0.1)
+    out, err = proc.communicate()
+    try:
+        rate = float(out.split()[0])
+    except (IndexError, ValueError):
+        raise SystemExit(f"lean pipeline failed ({proc.returncode}): {err[-2000:]}") from None
+    roles: dict[str, float] = dict.fromkeys(ROLES, 0.0)
+    for role, pid in zip(LEAN_ROLES, sorted(cpu)):
+        roles[role] += cpu[pid] / messages * 1e6
+    return {"rate": rate, "cpu_us_per_message": {r: round(v, 2) for r, v in roles.items()},
+            "cpu_us_per_message_total": round(sum(roles.values()), 2)}
 
 
 # -- the daemon ---------------------------------------------------------------------------------
@@ -194,8 +239,10 @@ def _stage_frames(tree: dict, seen: dict[str, tuple[int, int, int, int]]) -> Non
 
 
 
-def _line(label: str, r: dict, ceiling: float | None) -> str:
-    ratio = f" ratio {r['rate'] / ceiling:.3f}" if ceiling else ""
+def _line(label: str, r: dict, ceiling: float | None, lean: float | None) -> str:
+    ratio = f" of the ceiling {r['rate'] / ceiling:.3f}" if ceiling else ""
+    if lean:
+        ratio += f", of lean {r['rate'] / lean:.3f}"
     cpu = " / ".join(f"{r['cpu_us_per_message'][x]:.2f}" for x in ROLES)
     io = " / ".join(f"{r['io_threads_us_per_message'][x]:.2f}" for x in ROLES)
     fpm = r["frames_per_message"]
@@ -218,12 +265,21 @@ def main() -> None:
                     help="processors' max_demand per dispatcher (default: the config's)")
     ap.add_argument("--repeat", type=int, default=1, help="interleaved rounds")
     ap.add_argument("--no-ceiling", action="store_true", help="skip the shared ceiling")
-    ap.add_argument("--ceiling", type=Path, default=_default_ceiling(),
+    ap.add_argument("--ceiling", type=Path, default=_yardstick("ceiling.py"),
                     help="the shared ceiling script (run as it is)")
+    ap.add_argument("--no-lean", action="store_true", help="skip the shared lean pipeline")
+    ap.add_argument("--lean", type=Path, default=_yardstick("lean_pipeline.py"),
+                    help="the shared lean pipeline script (run as it is)")
     args = ap.parse_args()
+    for flag, path in (("no_ceiling", args.ceiling), ("no_lean", args.lean)):
+        if not getattr(args, flag) and not path.exists():
+            print(f"yardstick {path} not found (it sits beside the repository, in "
+                  f"../shared/bench/): running without it", flush=True)
+            setattr(args, flag, True)
     demands = dict(zip(args.dispatcher, args.max_demand or [None] * len(args.dispatcher)))
     runs: dict[str, list[dict]] = {d: [] for d in args.dispatcher}
     ceilings: list[dict] = []
+    leans: list[dict] = []
     print(f"machine: {os.cpu_count()} cores; load {os.getloadavg()}", flush=True)
     for rep in range(args.repeat):
         print(f"round {rep + 1}", flush=True)
@@ -234,18 +290,43 @@ def main() -> None:
             ceiling = c["rate"]
             print(f"  ceiling: {ceiling:,.0f} msg/s; PSS {c['peak_pss_bytes'] / 2**20:.0f} MB",
                   flush=True)
-        order = args.dispatcher if rep % 2 == 0 else args.dispatcher[::-1]
-        for d in order:
-            r = daemon_run(args.messages, args.payload_bytes, d, args.producers, demands[d])
+        # the lean pipeline and the configurations, in turn, the order reversed every
+        # other round
+        order = ["lean", *args.dispatcher] if not args.no_lean else list(args.dispatcher)
+        results: dict[str, dict] = {}
+        for d in order if rep % 2 == 0 else order[::-1]:
+            if d == "lean":
+                results[d] = lean_run(args.lean, args.messages)
+            else:
+                results[d] = daemon_run(args.messages, args.payload_bytes, d,
+                                        args.producers, demands[d])
+        lean = None
+        if "lean" in results:
+            lr = results["lean"]
+            leans.append(lr)
+            lean = lr["rate"]
+            cpu = " / ".join(f"{lr['cpu_us_per_message'][x]:.2f}" for x in ROLES)
+            print(f"  lean: {lean:,.0f} msg/s; CPU us/msg producer / processors / batcher / "
+                  f"batch processor {cpu} (total {lr['cpu_us_per_message_total']:.2f}, "
+                  f"start-up included)", flush=True)
+        for d in args.dispatcher:
+            r = results[d]
             if ceiling:
                 r["ceiling"] = ceiling
                 r["ratio"] = r["rate"] / ceiling
+            if lean:
+                r["lean"] = lean
+                r["ratio_to_lean"] = r["rate"] / lean
             runs[d].append(r)
             label = d if demands[d] is None else f"{d} max_demand {demands[d]}"
-            print(_line(label, r, ceiling), flush=True)
+            print(_line(label, r, ceiling, lean), flush=True)
     summary: dict = {"load_after": os.getloadavg()}
     if ceilings:
         summary["ceiling_median"] = statistics.median(c["rate"] for c in ceilings)
+    if leans:
+        summary["lean_median"] = statistics.median(r["rate"] for r in leans)
+        summary["lean_cpu_us_per_message_median"] = {
+            x: statistics.median(r["cpu_us_per_message"][x] for r in leans) for x in ROLES}
     for d, rs in runs.items():
         s = {"rate_median": statistics.median(r["rate"] for r in rs),
              "rates": [round(r["rate"]) for r in rs],
@@ -257,6 +338,9 @@ def main() -> None:
         if ceilings:
             s["ratios"] = [round(r["ratio"], 3) for r in rs]
             s["ratio_median"] = statistics.median(r["ratio"] for r in rs)
+        if leans:
+            s["ratios_to_lean"] = [round(r["ratio_to_lean"], 3) for r in rs]
+            s["ratio_to_lean_median"] = statistics.median(r["ratio_to_lean"] for r in rs)
         summary[d] = s
     print(json.dumps(summary, indent=2))
 

@@ -67,8 +67,7 @@ class BatcherStage(Stage):
 
     def stats(self) -> dict[str, Any]:
         s = super().stats()
-        s.update(buffered=len(self.acc), pending_batches=len(self.pending),
-                 edges=self.subs.edges())
+        s.update(buffered=len(self.acc), pending_batches=len(self.pending))
         return s
 
     # -- upstream ---------------------------------------------------------------------------

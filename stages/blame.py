@@ -261,7 +261,7 @@ def _packed_suspect(raw: bytes) -> Suspect | None:
     start = PACKED_AT + PACKED.size
     if n > PACKED_MAX or start + n > len(raw):
         return None
-    unpacker = msgpack.Unpacker(max_buffer_size=max(n, 1), raw=False, strict_map_key=False)
+    unpacker = msgpack.Unpacker(max_buffer_size=max(n, 1), **protocol.UNPACK_OPTIONS)
     unpacker.feed(raw[start:start + n])
     try:
         if index >= unpacker.read_array_header():

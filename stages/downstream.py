@@ -123,7 +123,9 @@ class Downstream:
     def deliver_frames(self, items: list, frames: Callable[[list], list[tuple[bytes, list]]]
                        ) -> tuple[list, int]:
         """As :meth:`deliver`, with ``frames(share)`` making a consumer's frames (each with
-        the items it carries): when a share's items cannot all share one frame header."""
+        the items it carries): when a share's items cannot all share one frame header.
+        ``frames`` may leave out items it cannot encode (having failed them); the
+        consumer's demand for them is kept."""
         return self._deliver(items, frames)
 
     def deliver_each(self, items: list, encode: Callable[[Any], bytes]) -> tuple[list, int]:
@@ -138,6 +140,11 @@ class Downstream:
         sent = 0
         for consumer, share in deliveries:
             made = frames(share)
+            dropped = len(share) - sum(len(carried) for _, carried in made)
+            if dropped:
+                # items ``frames`` could not encode (it failed them itself): the consumer
+                # still wants as many, or its demand would shrink for good
+                self.dispatcher.ask(consumer, dropped)
             for k, (frame, carried) in enumerate(made):
                 if not self.send(consumer, frame):
                     self.dispatcher.cancel(consumer)

@@ -32,6 +32,11 @@ from .stage import Stage
 
 log = logging.getLogger("offbroadway.processor")
 
+#: messages that failed to encode are named one line each up to this many per
+#: incarnation; past it they are counted, and the failure tally's periodic line (reason
+#: by reason) says the rest
+UNSENDABLE_LINES = 100
+
 class ProcessorStage(Stage):
     def __init__(self, spec: StageSpec) -> None:
         super().__init__(spec)
@@ -47,8 +52,7 @@ class ProcessorStage(Stage):
                                   budget=True, index=spec.index, call_later=self.call_later,
                                   counters=self.counters)
         self.finished = False
-        #: messages the handler discarded (Message.discard) and this stage acked at once
-        self.counters["discarded"] = 0
+        self.counters["unsendable"] = 0
         #: frames received and not yet handled: (upstream, events, counted by the budget,
         #: the frame's header: status and batch key, and its events packed, for the blame
         #: record)
@@ -143,14 +147,12 @@ class ProcessorStage(Stage):
         # (events shed from the frame's end leave the front's places as they were)
         self.blame.events(packed, messages)
         started = time.perf_counter()
-        done, failed, discarded = callbacks.process(self.handler, messages, self.context,
-                                                    self.batchers, self.blame)
+        done, failed = callbacks.process(self.handler, messages, self.context, self.batchers,
+                                         self.blame)
         self.metrics.observe("handle_message", (time.perf_counter() - started) / len(events))
         if self.batchers:
-            if failed or discarded:
-                # discarded (Message.discard): acked now, as done; they go to no batcher
-                self.acker.finish(discarded, failed)
-                self.counters["discarded"] += len(discarded)
+            if failed:
+                self.acker.finish((), failed)
             if done:
                 self.out.extend(done)
                 self._forward()
@@ -166,9 +168,31 @@ class ProcessorStage(Stage):
     def _forward(self) -> None:
         if not self.out:
             return
-        self.out, _sent = self.downstream.deliver_frames(self.out, _frames)
+        self.out, _sent = self.downstream.deliver_frames(self.out, self._frames)
         if len(self.out) < self.out_limit:
             self.subs.release()
+
+    def _frames(self, share: list[Message]) -> list[tuple[bytes, list[Message]]]:
+        """A batcher's share as frames; a message whose data the codec cannot carry (a
+        handler returned a set, an object…) fails alone, here, with one line naming it
+        and the value, and the rest go on."""
+        try:
+            return _frames(share)
+        except Exception:  # the codec raises TypeError, ValueError, OverflowError
+            pass
+        kept, bad = [], []
+        for m in share:
+            why = protocol.message_unpackable(m)
+            if why is None:
+                kept.append(m)
+            else:
+                m.status = f"{why}: it cannot be sent on to the batcher"
+                bad.append(m)
+        for m in bad[:max(0, UNSENDABLE_LINES - self.counters["unsendable"])]:
+            log.warning("%s: message %s failed: %s", self.id, m.id, m.status)
+        self.counters["unsendable"] += len(bad)
+        self.acker.finish((), bad)
+        return _frames(kept) if kept else []
 
     # -- shutdown cascade -------------------------------------------------------------------
     def _maybe_finish(self) -> None:

@@ -249,14 +249,18 @@ class ProducerStage(Stage):
             return self._frames_by_status(share)
         except Exception:
             pass
-        # a value msgpack cannot carry: fail that message instead of the frame
+        # a value the codec cannot carry: fail that message instead of the frame
         for ev in share:
             if not protocol.packable(ev):
                 data, metadata = protocol.event_payload(ev)
+                why = (protocol.unpackable(data, "data") or protocol.unpackable(metadata, "metadata")
+                       or "its id")
                 protocol.replace_payload(ev, repr(data),
                                          {k: repr(v) for k, v in dict(metadata).items()})
                 self._failed[protocol.event_token(ev)] = (
-                    "message data or metadata cannot be encoded with msgpack")
+                    f"{why}: it cannot be sent to the processors")
+                log.warning("%s: message %r failed: %s", self.id, protocol.event_id(ev),
+                            self._failed[protocol.event_token(ev)])
         return self._frames_by_status(share)
 
     def _frames_by_status(self, share: list[list]) -> list[tuple[bytes, list]]:

@@ -45,6 +45,28 @@ msgpack array inside the frame as one ``bin`` field, so that the frame is valida
 (:func:`split_events` cuts the array into its events' bytes, :func:`batch` joins them
 again).  Messages are built only where user code runs (:func:`to_messages`).
 
+Values.  Besides msgpack's own types (None, bool, int, float, str, bytes, lists, maps;
+a tuple travels as a list), the codec carries the values a handler commonly returns, as
+msgpack extension types whose payload is plain text or bytes (never code):
+
+=====  ===========================  ============================================
+code   type                         payload
+=====  ===========================  ============================================
+1      ``datetime.datetime``        ISO 8601 (``isoformat``: the UTC offset kept
+                                    when there is one, none when naive; a zone of
+                                    the tz database arrives as its fixed offset,
+                                    ``fold`` is not carried)
+2      ``datetime.date``            ISO 8601
+3      ``datetime.time``            ISO 8601 (with its offset, if any)
+4      ``decimal.Decimal``          ``str`` (exact; NaN and infinities too)
+5      ``uuid.UUID``                its 16 bytes
+=====  ===========================  ============================================
+
+Anything else is refused by the encoder (:func:`unpackable`, called only once a frame
+failed to encode, says which value of which message), so the stage that holds the message
+fails that message alone; an extension payload that does not parse fails the frame like
+any malformed frame.
+
 Control plane (stage ↔ daemon, over the daemon's hub socket):
 
 =============  ====================  ====================================================
@@ -55,8 +77,11 @@ REPORT         stage → daemon        name, body (dict): ``stats``, ``idle``, `
 
 from __future__ import annotations
 
+import datetime as _dt
 from collections.abc import Callable, Sequence
+from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 import msgpack
 import zmq
@@ -119,8 +144,53 @@ class ProtocolError(ValueError):
     """A frame this protocol cannot accept; the receiver counts it and drops it."""
 
 
-_packer = msgpack.Packer(use_bin_type=True)
+# -- the codec: msgpack plus a few extension types ---------------------------------------------
+
+EXT_DATETIME, EXT_DATE, EXT_TIME, EXT_DECIMAL, EXT_UUID = 1, 2, 3, 4, 5
+
+
+def _ext(value: Any) -> msgpack.ExtType:
+    """The extension type of a value msgpack has no type for (msgpack calls this only for
+    those, so it costs nothing on ordinary data); TypeError for anything else."""
+    cls = type(value)
+    if cls is _dt.datetime or isinstance(value, _dt.datetime):    # before date: a subclass
+        return msgpack.ExtType(EXT_DATETIME, value.isoformat().encode())
+    if cls is _dt.date or isinstance(value, _dt.date):
+        return msgpack.ExtType(EXT_DATE, value.isoformat().encode())
+    if isinstance(value, _dt.time):
+        return msgpack.ExtType(EXT_TIME, value.isoformat().encode())
+    if isinstance(value, Decimal):
+        return msgpack.ExtType(EXT_DECIMAL, str(value).encode())
+    if isinstance(value, UUID):
+        return msgpack.ExtType(EXT_UUID, value.bytes)
+    raise TypeError(f"can not serialize {cls.__name__!r} object")
+
+
+def _from_ext(code: int, payload: bytes) -> Any:
+    """The value of an extension type (a payload that does not parse raises ValueError, and
+    the frame is malformed); an unknown code stays an ``ExtType``, as msgpack leaves it."""
+    if code == EXT_DATETIME:
+        return _dt.datetime.fromisoformat(payload.decode())
+    if code == EXT_DATE:
+        return _dt.date.fromisoformat(payload.decode())
+    if code == EXT_TIME:
+        return _dt.time.fromisoformat(payload.decode())
+    if code == EXT_DECIMAL:
+        return Decimal(payload.decode())
+    if code == EXT_UUID:
+        return UUID(bytes=bytes(payload))
+    return msgpack.ExtType(code, payload)
+
+
+#: how every frame and every packed event list is read (the blame record's reader too)
+UNPACK_OPTIONS: dict[str, Any] = {"raw": False, "strict_map_key": False, "ext_hook": _from_ext}
+
+_packer = msgpack.Packer(use_bin_type=True, default=_ext)
 _pack = _packer.pack
+
+
+def _unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, **UNPACK_OPTIONS)
 
 
 def _frame(*parts: Any) -> bytes:
@@ -244,7 +314,7 @@ def decode(frame: bytes) -> list:
     if len(frame) > MAX_FRAME_BYTES:
         raise ProtocolError(f"frame of {len(frame)} bytes over the {MAX_FRAME_BYTES} limit")
     try:
-        msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+        msg = _unpack(frame)
     except Exception as exc:  # msgpack raises several types for bad input
         raise ProtocolError(f"undecodable frame: {type(exc).__name__}: {exc}") from None
     if not isinstance(msg, list) or len(msg) < 2:
@@ -302,7 +372,7 @@ def open_events(packed: bytes) -> list[list]:
     ``map``s over the frame, not a Python check per event): a list of arrays of
     :data:`EVENT_FIELDS`, else :class:`ProtocolError`."""
     try:
-        evs = msgpack.unpackb(packed, raw=False, strict_map_key=False)
+        evs = _unpack(packed)
     except Exception as exc:  # msgpack raises several types for bad input
         raise ProtocolError(f"undecodable events: {type(exc).__name__}: {exc}") from None
     if type(evs) is not list or (evs and (set(map(type, evs)) != {list}
@@ -358,7 +428,7 @@ def event_to_message(e: Sequence[Any], status: str | None = None) -> Message:
 
 def raw_to_message(raw: bytes) -> Message:
     """One packed event (:func:`split_events`) as a message (a batcher's partition_by)."""
-    return event_to_message(msgpack.unpackb(raw, raw=False, strict_map_key=False))
+    return event_to_message(_unpack(raw))
 
 
 def new_events(origin: int, first_token: int, items: Sequence[Sequence[Any]]) -> list[list]:
@@ -390,9 +460,49 @@ def replace_payload(e: list, data: Any, metadata: Any) -> None:
     e[METADATA] = metadata
 
 def packable(value: Any) -> bool:
-    """Whether ``value`` can cross the wire (the msgpack types, nothing else)."""
+    """Whether ``value`` can cross the wire (the codec's types, nothing else)."""
     try:
         _pack(value)
     except Exception:
         return False
     return True
+
+
+def unpackable(value: Any, where: str) -> str | None:
+    """Where in ``value`` (named ``where``, e.g. ``data``) the first value the codec cannot
+    carry sits, and what it is, e.g. ``data['when'][2] is a set``; None if it all packs.
+    Only called once a frame failed to encode: it tries the parts one by one."""
+    if packable(value):
+        return None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not packable(k):
+                return f"a key of {where} ({k!r}) is a {type(k).__name__}"
+            found = unpackable(v, f"{where}[{k!r}]")
+            if found is not None:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            found = unpackable(v, f"{where}[{i}]")
+            if found is not None:
+                return found
+    if isinstance(value, int):
+        return f"{where} is an int out of the wire's 64-bit range"
+    cls = type(value)
+    name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    return f"{where} is a {name} ({CARRIED} cross stages)"
+
+
+#: what a message's values may be, said in the line of a message that failed to encode
+CARRIED = "JSON's types, bytes, tuples, datetime, date, time, Decimal and UUID"
+
+
+def message_unpackable(m: Message) -> str | None:
+    """What of a message cannot cross to the next stage (its data, metadata, id or batch
+    key), or None."""
+    for value, where in ((m.data, "data"), (m.metadata, "metadata"), (m.id, "the id"),
+                         (m.batch_key, "the batch key")):
+        found = unpackable(value, where)
+        if found is not None:
+            return found
+    return None
