@@ -1,7 +1,7 @@
 """The message that travels through a pipeline, as Broadway's ``%Broadway.Message{}``.
 
 Users see ``id``, ``data`` and ``metadata`` and steer a message with the chainable
-``put_batcher`` / ``put_batch_key`` / ``update_data`` / ``failed``.  The chainable methods
+``put_batcher`` / ``put_batch_key`` / ``update_data`` / ``failed`` / ``discard``.  The chainable methods
 mutate and return ``self``: a message belongs to exactly one stage at a time, so copying
 it on every call (as Elixir must) would only cost allocations on the hot path.
 
@@ -14,7 +14,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-__all__ = ["BatchInfo", "Message"]
+__all__ = ["DISCARD", "BatchInfo", "Message"]
+
+#: the batcher of a discarded message (:meth:`Message.discard`): no configured batcher can
+#: be named so (the config allows letters, digits, ``_`` and ``-`` in a batcher's key)
+DISCARD = "\x00discard"
 
 
 class Message:
@@ -61,6 +65,24 @@ class Message:
     def failed(self, reason: Any) -> Message:
         self.status = str(reason)
         return self
+
+    def discard(self) -> Message:
+        """Acknowledge this message to its source without writing it anywhere.
+
+        For filtering in ``handle_message`` (or ``prepare_messages``): a discarded message
+        goes to no batcher and no Spark row; it is acked at once as a success, so the source
+        forgets it (RabbitMQ ``basic.ack``, Redis ``XACK``, a spool line recorded as done).
+        Failing it instead would send it to ``handle_failed`` and the dead letter.  This is
+        what Broadway users do with ``Message.ack_immediately/1`` for messages they drop.
+        A later ``put_batcher`` undoes it; in ``handle_batch`` it has no effect (return the
+        message to write it, leave it out to fail it).
+        """
+        self.batcher = DISCARD
+        return self
+
+    @property
+    def is_discarded(self) -> bool:
+        return self.batcher == DISCARD
 
     @property
     def is_failed(self) -> bool:

@@ -21,10 +21,14 @@ __all__ = ["Result", "test_batch", "test_message", "test_messages"]
 
 @dataclass
 class Result:
-    """What the source would be told: acked and failed messages, plus the batches made."""
+    """What the source would be told: acked and failed messages, plus the batches made.
+
+    ``discarded`` are acked too, without reaching a batcher (:meth:`Message.discard`, with
+    batchers); without batchers a discarded message is simply in ``successful``."""
 
     successful: list[Message] = field(default_factory=list)
     failed: list[Message] = field(default_factory=list)
+    discarded: list[Message] = field(default_factory=list)
     batches: list[tuple[BatchInfo, list[Message]]] = field(default_factory=list)
 
 
@@ -41,9 +45,9 @@ def test_messages(pipeline: Pipeline, data: Iterable[Any], *, context: Any = Non
     from offbroadway.stages import callbacks
 
     context = {} if context is None else context
-    done, failed = callbacks.process(pipeline, _messages(data, metadata), context,
-                                     set(batchers or ()))
-    result = Result()
+    done, failed, discarded = callbacks.process(pipeline, _messages(data, metadata), context,
+                                                set(batchers or ()))
+    result = Result(discarded=discarded)
     if not batchers:
         result.successful = done
     else:

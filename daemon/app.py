@@ -45,6 +45,7 @@ from . import reload as reload_mod
 from . import resize as resize_mod
 from . import status as status_mod
 from . import topology as topo_mod
+from . import web
 from .config import Config
 from .hub import Hub
 from .notify import Notifier
@@ -52,6 +53,7 @@ from .operator import Operator
 from .poison import read_blame
 from .resizer import Resizer
 from .terminator import Phase, Terminator
+from .timeline import Timeline
 
 log = logging.getLogger("offbroadway.daemon")
 
@@ -111,6 +113,8 @@ class Daemon:
         #: carries out resizes (offbroadway scale, a reload's concurrency)
         self.resizer = Resizer(self)
         self._background: set[asyncio.Future] = set()
+        #: restarts, crashes, reloads and operator verbs, for the live page (:mod:`.web`)
+        self.timeline = Timeline()
 
     # -- wiring -----------------------------------------------------------------------------
     def _build(self) -> None:
@@ -156,6 +160,11 @@ class Daemon:
     async def reload(self, why: str = "reload") -> dict:
         """Re-read the config file; apply what may change live, or refuse it all (one line
         naming the key) and leave the pipeline untouched (:mod:`.reload`)."""
+        answer = await self._reload(why)
+        self.timeline.add("reload", why, answer.get("applied") or answer.get("error", ""))
+        return answer
+
+    async def _reload(self, why: str) -> dict:
         from .config import ConfigError, load_config
 
         try:
@@ -233,6 +242,7 @@ class Daemon:
     def on_event(self, event: object) -> None:
         """Supervision events: the pure reactions (:mod:`.reactions`) decide, this sends."""
         record = None
+        self.timeline.supervision(event)
         if isinstance(event, ChildExited):
             if self.metrics_server is not None:
                 metrics.process_dead(event.pid, self.metrics_dir)
@@ -282,7 +292,8 @@ class Daemon:
             # the HTTP thread reads a copy refreshed on the loop, never the live tree
             self.metrics_server = metrics.serve(self.config.metrics.listen, self.metrics_dir,
                                                 self.config.pipeline.name, lambda: self.tree_copy,
-                                                rate_limit=self.rate_bucket)
+                                                rate_limit=self.rate_bucket,
+                                                wrap=lambda app: web.Page(self, self.timeline, app))
         except metrics.ListenError:
             shutil.rmtree(self.metrics_dir, ignore_errors=True)
             raise
@@ -358,6 +369,7 @@ class Daemon:
             await self._stop_tree()
             if self._housekeeping_task is not None:
                 self._housekeeping_task.cancel()
+            self.timeline.close()         # the page's open streams end
             if self.metrics_server is not None:
                 self.metrics_server.shutdown()
             self.control.close()

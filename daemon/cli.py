@@ -308,6 +308,27 @@ def cmd_scale(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dead_letters(args: argparse.Namespace) -> int:
+    """List, show or replay the dead letters of the pipeline's source (:mod:`.deadletters`);
+    reads the config, needs no running daemon."""
+    from . import deadletters as dl
+
+    config = _load(args.config)
+    try:
+        with dl.open_box(config) as box:
+            record = dl.ReplayRecord(config.runtime.state_dir)
+            if args.action == "replay":
+                lines = dl.replay(box, record, args.reason)
+            else:
+                sel = dl.select(box, record, args.reason)
+                lines = (dl.show(sel, args.limit) if args.action == "show"
+                         else dl.describe(config, box, sel, args.reason, record))
+    except (dl.DeadLettersError, ImportError, ValueError, OSError) as exc:
+        _fail(f"dead-letters: {exc}")
+    print("\n".join(lines))
+    return 0
+
+
 def describe_rate_limit(r: dict | None) -> str:
     if not r or r.get("allowed_messages") is None:
         return f"off (throttled {r.get('throttled', 0) if r else 0} times)"
@@ -385,6 +406,21 @@ def build_parser() -> argparse.ArgumentParser:
                        help="what to resize and the new count")
     target(scale)
     scale.set_defaults(fn=cmd_scale)
+    dead = sub.add_parser(
+        "dead-letters", help="list, show or replay the messages the source dead-lettered",
+        description="The failed messages the pipeline's source kept (the spool's "
+        "dead-letter file, RabbitMQ's dead-letter queue, Redis's dead-letter stream, "
+        "NATS's dead-letter subject): list them (count, reasons, oldest and newest), show "
+        "some, or replay them to the source once the handler is fixed. A replay is "
+        "recorded: replaying again does not replay the same letters twice.")
+    dead.add_argument("config", metavar="CONFIG", help=CONFIG_HELP)
+    dead.add_argument("action", nargs="?", choices=("list", "show", "replay"),
+                      default="list", help="list (default), show or replay")
+    dead.add_argument("--reason", metavar="TEXT",
+                      help="only the letters whose reason contains TEXT")
+    dead.add_argument("--limit", type=int, default=10, metavar="N",
+                      help="show: how many (default 10)")
+    dead.set_defaults(fn=cmd_dead_letters)
     for verb, text in (("drain", "stop fetching, finish what is in flight, stay up"),
                        ("resume", "fetch again after a drain")):
         p = sub.add_parser(verb, help=text)

@@ -25,36 +25,114 @@ class ControlError(RuntimeError):
     """The daemon could not be reached or refused the request."""
 
 
+#: a request line must arrive whole within this long: the CLI sends it at once
+READ_TIMEOUT = 5.0
+#: a reply the client does not read within this long is dropped with the connection
+WRITE_TIMEOUT = 10.0
+#: requests are a few dozen bytes; a longer line is garbage
+MAX_REQUEST = 64 * 1024
+#: connections still waiting for their request line; the next one evicts the oldest
+#: (each holds a file descriptor: a client that opens thousands and sends nothing must
+#: neither take them all nor keep an operator's command out)
+MAX_WAITING = 64
+#: at most one line per this many seconds about dropped clients
+DROP_LOG_INTERVAL = 60.0
+
+
+class _Drops:
+    """Counts clients dropped (silent, garbage, evicted) and says so at most once per
+    :data:`DROP_LOG_INTERVAL`: a hostile client must not flood the journal either."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self._last_log = float("-inf")
+
+    def drop(self, why: str) -> None:
+        import time
+
+        self.counts[why] = self.counts.get(why, 0) + 1
+        now = time.monotonic()
+        if now - self._last_log >= DROP_LOG_INTERVAL:
+            self._last_log = now
+            log.warning("control socket: clients dropped so far: %s",
+                        ", ".join(f"{n} {w}" for w, n in sorted(self.counts.items())))
+
+
 async def serve(path: str, handler: Handler) -> asyncio.AbstractServer:
+    """Serve ``path``; each connection is one request, read within :data:`READ_TIMEOUT`
+    and answered within :data:`WRITE_TIMEOUT` (the handler itself may take as long as
+    its command does, e.g. ``stop``).  A client that sends nothing, a line that is not a
+    JSON object or is too long, or one that does not read its answer is answered with an
+    error when it can be and closed; beyond :data:`MAX_WAITING` connections waiting for
+    their line, each new one closes the oldest.  Nothing a client does holds up another
+    client or the loop."""
     import asyncio
 
     if os.path.exists(path):
         os.unlink(path)
+    drops = _Drops()
+    waiting: dict[asyncio.StreamWriter, None] = {}    # insertion order: the oldest first
 
     async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(waiting) >= MAX_WAITING:
+            oldest = next(iter(waiting))
+            del waiting[oldest]
+            drops.drop("evicted while silent")
+            oldest.close()      # its readline sees EOF
+        waiting[writer] = None
         try:
-            line = await asyncio.wait_for(reader.readline(), 10)
-            try:
-                request = json.loads(line)
-                if not isinstance(request, dict):
-                    raise ValueError("request is not a JSON object")
-                reply = await handler(request)
-            except Exception as exc:
-                reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-            writer.write(json.dumps(reply).encode() + b"\n")
-            await writer.drain()
-        except (TimeoutError, ConnectionError):
+            reply = await _answer(reader, handler, drops, lambda: waiting.pop(writer, None))
+            if reply:
+                writer.write(json.dumps(reply).encode() + b"\n")
+                await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT)
+        except TimeoutError:
+            drops.drop("not reading their answer")
+        except ConnectionError:
             pass
         finally:
+            waiting.pop(writer, None)
             writer.close()
 
     old = os.umask(0o177)     # the socket is created 0600: only the service user may steer
     try:
-        server = await asyncio.start_unix_server(on_client, path=path)
+        server = await asyncio.start_unix_server(on_client, path=path, limit=MAX_REQUEST,
+                                                  backlog=256)
     finally:
         os.umask(old)
     os.chmod(path, 0o600)
     return server
+
+
+async def _answer(reader: asyncio.StreamReader, handler: Handler, drops: _Drops,
+                  got_line: Callable[[], object]) -> dict:
+    """Read one request line and return the reply ({} when there is no one to answer);
+    ``got_line`` is called once the line is in (the client no longer counts as waiting)."""
+    import asyncio
+
+    try:
+        line = await asyncio.wait_for(reader.readline(), READ_TIMEOUT)
+    except TimeoutError:
+        drops.drop("silent")
+        return {"ok": False, "error": f"no request within {READ_TIMEOUT:g}s"}
+    except ValueError:    # LimitOverrunError: no newline within MAX_REQUEST bytes
+        drops.drop("sending garbage")
+        return {"ok": False, "error": f"request longer than {MAX_REQUEST} bytes"}
+    except ConnectionError:
+        return {}
+    got_line()
+    if not line.strip():
+        return {}         # connected and closed (a probe), or evicted
+    try:
+        request = json.loads(line)
+        if not isinstance(request, dict):
+            raise ValueError("request is not a JSON object")
+    except ValueError as exc:     # not UTF-8, not JSON, not an object
+        drops.drop("sending garbage")
+        return {"ok": False, "error": f"bad request: {exc}"}
+    try:
+        return await handler(request)
+    except Exception as exc:
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
 
 
 def request(path: str, payload: dict, timeout: float = 30.0) -> dict[str, Any]:
@@ -63,7 +141,7 @@ def request(path: str, payload: dict, timeout: float = 30.0) -> dict[str, Any]:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
-        sock.connect(path)
+        _connect(sock, path, timeout)
     except (FileNotFoundError, ConnectionRefusedError):
         sock.close()
         raise ControlError(f"no offbroadway daemon is running at {path}") from None
@@ -99,3 +177,22 @@ def request(path: str, payload: dict, timeout: float = 30.0) -> dict[str, Any]:
     if not isinstance(reply, dict):
         raise ControlError("the daemon's answer is not a JSON object")
     return reply
+
+
+def _connect(sock: socket.socket, path: str, timeout: float) -> None:
+    """Connect, waiting while the daemon's accept backlog is full (a unix socket with a
+    timeout says EAGAIN at once instead of waiting: a burst of other clients, hostile or
+    not, made ``status`` fail with "Resource temporarily unavailable")."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while True:
+        try:
+            sock.connect(path)
+            return
+        except BlockingIOError:
+            if time.monotonic() + pause > deadline:
+                raise TimeoutError(f"its connection queue stayed full for {timeout:g}s") from None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)

@@ -4,9 +4,10 @@ Stages write their counters, gauges and histograms into ``PROMETHEUS_MULTIPROC_D
 (``offbroadway.stages.metrics``); the daemon aggregates them at scrape time and adds what
 only it knows, computed fresh per scrape from the supervision tree and psutil
 (:func:`.status.usage`, the walk ``status`` uses too): children up, restarts, RSS and CPU
-per child.  The directory is wiped when the daemon starts (files of
-a previous run would otherwise be summed in) and a dead child's live gauges are removed
-with ``mark_process_dead``.  The listener binds 127.0.0.1 unless the config says otherwise.
+per child.  The directory is wiped when the daemon starts (files of a previous run would
+otherwise be summed in), and a dead child's files are folded into per-type archives
+(:mod:`.metricsdir`), so it stays bounded through any number of restarts.  The listener
+binds 127.0.0.1 unless the config says otherwise.
 
 The HTTP server is prometheus-client's WSGI app behind our own accept loop: the library's
 ``start_http_server`` runs ``serve_forever``, whose ``shutdown()`` waits out a 0.5 s poll,
@@ -27,7 +28,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from offbroadway.stages.metrics import MULTIPROC_ENV
 
-from . import status
+from . import metricsdir, status
 from .spark import SPARK_CHILD_ID
 
 log = logging.getLogger("offbroadway.daemon.metrics")
@@ -151,30 +152,34 @@ class RateLimitCollector:
 
 
 def serve(listen: str, path: str, pipeline: str, snapshot: Callable[[], dict], *,
-          rate_limit: Callable[[], Any] | None = None) -> MetricsServer:
-    """Start the HTTP listener in a background thread; returns the server (``shutdown()``)."""
+          rate_limit: Callable[[], Any] | None = None,
+          wrap: Callable[[Callable], Callable] | None = None) -> MetricsServer:
+    """Start the HTTP listener in a background thread; returns the server (``shutdown()``).
+    ``wrap`` puts another WSGI app in front of the metrics one (the live page, :mod:`.web`)."""
     from prometheus_client import CollectorRegistry, make_wsgi_app
-    from prometheus_client.multiprocess import MultiProcessCollector
 
     registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=path)
+    registry.register(metricsdir.CompactedCollector(path))
     registry.register(TreeCollector(pipeline, snapshot))
     if rate_limit is not None:
         registry.register(RateLimitCollector(pipeline, rate_limit))
     host, _, port = listen.rpartition(":")
     try:
-        server = MetricsServer(host.strip("[]"), int(port), make_wsgi_app(registry))
+        app = make_wsgi_app(registry)
+        server = MetricsServer(host.strip("[]"), int(port), wrap(app) if wrap else app)
     except OSError as exc:
         raise ListenError(f"metrics.listen = {listen!r}: cannot listen there: "
                           f"{exc.strerror or exc}") from None
-    log.info("metrics on http://%s/metrics", listen)
+    log.info("metrics on http://%s/metrics%s", listen,
+             f", the live page on http://{listen}/" if wrap else "")
     return server
 
 
 def process_dead(pid: int, path: str) -> None:
-    from prometheus_client import multiprocess
-
+    """A stage process exited: fold its files into the archives (and any other dead
+    process's the daemon was not told about), so the dir does not grow with restarts."""
     try:
-        multiprocess.mark_process_dead(pid, path)
-    except OSError:
-        pass
+        metricsdir.compact(pid, path)
+        metricsdir.sweep(path)
+    except OSError as exc:
+        log.warning("metrics: cannot compact %s after pid %d exited: %s", path, pid, exc)

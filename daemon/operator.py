@@ -39,7 +39,15 @@ class Operator:
         verb = self.VERBS.get(str(req.get("cmd")))
         if verb is None:
             return {"ok": False, "error": f"unknown command {req.get('cmd')!r}"}
-        return await verb(self, req)
+        answer = await verb(self, req)
+        if verb in self.CHANGES and (verb is not Operator.rate_limit or "limit" in req):
+            # what an operator changed goes on the live page's timeline (a reload records
+            # itself: SIGHUP reloads too)
+            args = " ".join(str(req[k]) if not isinstance(req[k], list) else " ".join(req[k])
+                            for k in ("child", "args", "limit") if k in req)
+            self.daemon.timeline.add("operator", f"offbroadway {req['cmd']} {args}".strip(),
+                                     answer.get("error") or answer.get("message") or "")
+        return answer
 
     async def status(self, req: dict) -> Answer:
         return {"ok": True, "status": self.daemon.status()}
@@ -113,3 +121,5 @@ class Operator:
     VERBS: dict[str, Callable[[Operator, dict], Awaitable[Answer]]] = {
         "status": status, "stop": stop, "restart": restart, "drain": drain,
         "resume": resume, "reload": reload, "rate_limit": rate_limit, "scale": scale}
+    #: the verbs that change the pipeline (the timeline lists them)
+    CHANGES = (stop, restart, drain, resume, rate_limit, scale)

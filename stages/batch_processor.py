@@ -69,6 +69,10 @@ class BatchProcessorStage(Stage):
         if self.spark is not None:
             self.spark.abandon()
 
+    def stats(self) -> dict[str, Any]:
+        # per batcher subscription: batches handled and batches asked for (the live page)
+        return {**super().stats(), "edges": self.subs.edges()}
+
     def _on_producer(self, sock: zmq.Socket) -> None:
         # Producers only ever cancel an unknown subscription here; nothing to do.
         while sock.get(protocol.ZMQ_EVENTS) & protocol.ZMQ_POLLIN:

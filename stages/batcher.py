@@ -67,7 +67,8 @@ class BatcherStage(Stage):
 
     def stats(self) -> dict[str, Any]:
         s = super().stats()
-        s.update(buffered=len(self.acc), pending_batches=len(self.pending))
+        s.update(buffered=len(self.acc), pending_batches=len(self.pending),
+                 edges=self.subs.edges())
         return s
 
     # -- upstream ---------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from offbroadway import BatchInfo, Message, Pipeline
+from offbroadway.message import DISCARD
 
 from .spec import PROCESSOR_KEY
 
@@ -42,9 +43,12 @@ class Blame(Protocol):
 
 def process(handler: Pipeline, messages: list[Message], context: Any,
             batchers: frozenset[str] | set[str] = frozenset(), blame: Blame | None = None
-            ) -> tuple[list[Message], list[Message]]:
-    """``prepare_messages`` then ``handle_message`` on each: (done, failed).
+            ) -> tuple[list[Message], list[Message], list[Message]]:
+    """``prepare_messages`` then ``handle_message`` on each: (done, failed, discarded).
 
+    ``discarded`` are the messages the handler discarded (:meth:`Message.discard`) while
+    there are batchers: the caller acks them at once, they go to no batcher.  Without
+    batchers a discarded message is simply done (acked after ``handle_message`` anyway).
     Messages that arrive already failed (a spool line that is not JSON, a poison message)
     skip the callbacks.  With batchers, a message routed to an unknown batcher fails with a
     clear reason.  ``blame`` is told what runs before each callback that could kill the
@@ -63,7 +67,7 @@ def process(handler: Pipeline, messages: list[Message], context: Any,
 
 def _process(handler: Pipeline, ok: list[Message], failed: list[Message], context: Any,
              batchers: frozenset[str] | set[str], blame: Blame | None
-             ) -> tuple[list[Message], list[Message]]:
+             ) -> tuple[list[Message], list[Message], list[Message]]:
     # the base class's pass-through returns its input: nothing to call or check
     if ok and getattr(type(handler), "prepare_messages", _BASE_PREPARE) is not _BASE_PREPARE:
         if blame is not None:
@@ -85,6 +89,7 @@ def _process(handler: Pipeline, ok: list[Message], failed: list[Message], contex
                 failed.extend(given)
                 ok = []
     done: list[Message] = []
+    discarded: list[Message] = []
     handle = handler.handle_message
     mark = blame.message if blame is not None else None
     for m in ok:
@@ -102,11 +107,14 @@ def _process(handler: Pipeline, ok: list[Message], failed: list[Message], contex
         elif r.status is not None:
             failed.append(r)
         elif batchers and r.batcher not in batchers:
+            if r.batcher == DISCARD:
+                discarded.append(r)
+                continue
             r.status = f"unknown batcher {r.batcher!r} (configured: {sorted(batchers)})"
             failed.append(r)
         else:
             done.append(r)
-    return done, failed
+    return done, failed, discarded
 
 
 def _prepared_problem(given: list[Message], prepared: object) -> str | None:

@@ -61,6 +61,8 @@ class CommitterStage(Stage):
         self._job_out: dict[str, Any] = {}
         self._job_started = 0.0
         self._timer_at: float | None = None
+        #: the last job that wrote rows: (epoch seconds it ended, rows, seconds it took)
+        self._last_commit: tuple[float, int, float] | None = None
 
     # -- wiring --------------------------------------------------------------------------
     def setup(self) -> None:
@@ -93,9 +95,12 @@ class CommitterStage(Stage):
             self.sink.close()
 
     def stats(self) -> dict[str, Any]:
+        last = self._last_commit
         return {**super().stats(), "waiting_batches": len(self.groups),
                 "waiting_rows": self.groups.waiting_rows,
-                "committing": sum(h.rows for h in self._job_items)}
+                "committing": sum(h.rows for h in self._job_items),
+                "last_commit": None if last is None else
+                {"at": last[0], "rows": last[1], "seconds": last[2]}}
 
     # -- frames from batch processors ------------------------------------------------------
     def _on_frames(self, sock: zmq.Socket) -> None:
@@ -276,6 +281,7 @@ class CommitterStage(Stage):
         if rows:
             self.counters["commits"] += 1
             self.counters["out"] += rows
+            self._last_commit = (time.time(), rows, took)
             self.metrics.observe("spark_write", took, self.spec.batcher)
             self.metrics.observe("spark_commit_rows", rows, self.spec.batcher)
         if errors:

@@ -56,7 +56,8 @@ PENDING, CLASSIC, BUDGET = "pending", "classic", "budget"
 
 
 class Upstream:
-    __slots__ = ("consumed", "done", "index", "mode", "partition", "ref", "sock", "stage_id")
+    __slots__ = ("consumed", "done", "handled", "index", "mode", "owed", "partition", "ref",
+                 "sock", "stage_id")
 
     def __init__(self, stage_id: str, sock: zmq.Socket, partition, index: int) -> None:
         self.stage_id = stage_id
@@ -67,6 +68,10 @@ class Upstream:
         self.partition = partition
         self.mode = CLASSIC    # budgeted consumers: PENDING until SUBSCRIBED says
         self.ref = 0           # of our latest SUBSCRIBE: only its SUBSCRIBED counts
+        #: events from it handled, over this process's life: the edge's rate on the page
+        self.handled = 0
+        #: per-upstream mode: asked of it and not yet handled (the edge's demand)
+        self.owed = 0
 
 
 class Subscriptions:
@@ -112,6 +117,7 @@ class Subscriptions:
 
     def subscribe(self, up: Upstream) -> None:
         up.consumed = 0
+        up.owed = 0            # what the earlier subscription was owed is void
         up.done = False
         min_demand = self.max_demand - self.ask_every
         up.ref += 1
@@ -184,6 +190,7 @@ class Subscriptions:
                  budgeted: bool | None = None) -> None:
         """``n`` events from ``up`` were handled (in ``seconds``: the budget's pace);
         ``budgeted`` as :meth:`received` said."""
+        up.handled += n
         if budgeted is None:
             budgeted = self.budget is not None and up.mode != CLASSIC
         if budgeted and self.budget is not None:
@@ -192,6 +199,7 @@ class Subscriptions:
             self._active()
             return
         up.consumed += n
+        up.owed = max(0, up.owed - n)
         if up.consumed >= self.ask_every and self.can_ask():
             self._send_ask(up, up.consumed)
             up.consumed = 0
@@ -351,6 +359,7 @@ class Subscriptions:
             return      # cancelled: an ask would only be answered "unknown subscription"
         self.counters["asks"] += 1
         self.sent["frames"] += 1
+        up.owed += n
         up.sock.send(protocol.ask(n), zmq.NOBLOCK)
 
     # -- views ----------------------------------------------------------------------------
@@ -365,7 +374,16 @@ class Subscriptions:
         if self.budget is not None:
             s.update(demand_out=sum(self.budget.out(up.index) for up in self.upstreams),
                      strays=self.budget.strays, idles=self.budget.idles)
+        s["edges"] = self.edges()
         return s
+
+    def edges(self) -> dict[str, list[int]]:
+        """Per upstream, ``[events handled from it, demand outstanding on it]``: the
+        subscription's figures GenStage would show, read by the live page each second."""
+        budget = self.budget
+        return {up.stage_id: [up.handled, budget.out(up.index)
+                              if budget is not None and up.mode != CLASSIC else up.owed]
+                for up in self.upstreams}
 
     @property
     def all_done(self) -> bool:

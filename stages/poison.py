@@ -41,6 +41,11 @@ class Record:
     how: str
 
 
+#: how the reason of a message failed as poison begins (a requeuing failure policy must not
+#: requeue it: it would kill the processors again, forever)
+POISON_REASON = "poison message: "
+
+
 class StrikeTable:
     """message id → crashes blamed on it; ``limit`` crashes make a message poison.
 
@@ -94,7 +99,7 @@ class StrikeTable:
         if rec is None or not self.limit or rec.crashes < self.limit:
             return None
         times = "once" if rec.crashes == 1 else f"{rec.crashes} times"
-        return f"poison message: killed a processor {times} (last: {rec.child} {rec.how})"
+        return f"{POISON_REASON}killed a processor {times} (last: {rec.child} {rec.how})"
 
     def forget(self, msg_id: str) -> None:
         """The message settled: its crashes no longer matter."""

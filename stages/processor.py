@@ -52,6 +52,8 @@ class ProcessorStage(Stage):
                                   budget=True, index=spec.index, call_later=self.call_later,
                                   counters=self.counters)
         self.finished = False
+        #: messages the handler discarded (Message.discard) and this stage acked at once
+        self.counters["discarded"] = 0
         self.counters["unsendable"] = 0
         #: frames received and not yet handled: (upstream, events, counted by the budget,
         #: the frame's header: status and batch key, and its events packed, for the blame
@@ -147,12 +149,14 @@ class ProcessorStage(Stage):
         # (events shed from the frame's end leave the front's places as they were)
         self.blame.events(packed, messages)
         started = time.perf_counter()
-        done, failed = callbacks.process(self.handler, messages, self.context, self.batchers,
-                                         self.blame)
+        done, failed, discarded = callbacks.process(self.handler, messages, self.context,
+                                                    self.batchers, self.blame)
         self.metrics.observe("handle_message", (time.perf_counter() - started) / len(events))
         if self.batchers:
-            if failed:
-                self.acker.finish((), failed)
+            if failed or discarded:
+                # discarded (Message.discard): acked now, as done; they go to no batcher
+                self.acker.finish(discarded, failed)
+                self.counters["discarded"] += len(discarded)
             if done:
                 self.out.extend(done)
                 self._forward()

@@ -7,12 +7,14 @@ stage runtime's own (zmq, msgpack), since restart latency is start-up time.
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import sys
 
 from offbroadway.supervision.child import guard_descendants, kill_descendants
 
 from . import logs
+from .sources.base import EXIT_SOURCE_REFUSED, SourceError
 from .spec import StageSpec
 
 
@@ -54,6 +56,11 @@ def main() -> int:
     gc.set_threshold(GC_THRESHOLD, 20, 10)
     try:
         return stage.run()
+    except SourceError as exc:
+        # the server refused the source as configured: one line, the server's words, no
+        # traceback; the daemon's supervisor sees the exit code
+        logging.getLogger("offbroadway.sources").error("%s", exc)
+        return EXIT_SOURCE_REFUSED
     finally:
         # what the handler started goes with the stage (the daemon kills our process
         # group when we exit; this reaches the ones that left it)

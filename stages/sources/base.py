@@ -33,8 +33,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 from ..protocol import MAX_FRAME_BYTES
 from ..redact import mask_url
+
+if TYPE_CHECKING:
+    from .deadletters import DeadLetterBox
 
 # (message id, data, metadata, handle).  The handle never leaves the producer process, so it
 # may be any Python object that is cheap to keep: an int, a tuple, a record.
@@ -115,6 +120,13 @@ class Source(abc.ABC):
         connection can tell (a broker's address), which ``check`` prints as such."""
         return []
 
+    @classmethod
+    def dead_letters(cls, options: Mapping[str, Any], *, pipeline: str,
+                     state_dir: str) -> DeadLetterBox | None:
+        """Where this source keeps the messages it failed, for ``offbroadway dead-letters``
+        to list and replay (:mod:`.deadletters`); None: it keeps none."""
+        return None
+
     # -- lifecycle ----------------------------------------------------------------------------
     def open(self) -> None:
         """Acquire resources (files, connections).  Called once, before the first fetch."""
@@ -172,6 +184,19 @@ class Source(abc.ABC):
 
 
 # -- option helpers, shared by every source so errors read the same everywhere ---------------
+
+class SourceError(RuntimeError):
+    """The server refuses the source as configured (credentials refused, no such queue,
+    stream or vhost, a key that is not a stream), so :meth:`Source.open` cannot succeed
+    until someone changes the config or the server.  Its message is the one line an
+    operator needs, the server's own words included: the stage process says it and exits
+    with :data:`EXIT_SOURCE_REFUSED`, instead of dying with a traceback.  A server that
+    merely does not answer is not this: a source retries that."""
+
+
+#: the exit code of a stage whose source the server refused (EX_CONFIG, from sysexits.h)
+EXIT_SOURCE_REFUSED = 78
+
 
 class SourceOptionError(ValueError):
     """A ``[producer.options]`` entry is wrong; ``option`` names it for the config checker."""

@@ -59,3 +59,20 @@ def test_test_batch_with_the_example_pipeline() -> None:
     assert [m.data["total"] for m in result.successful] == [3.0]
     assert [m.status for m in result.failed] == ["not an order: needs sku and qty"]
     assert isinstance(result.successful[0], Message)
+
+
+class Filter(Pipeline):
+    """Discards odd numbers (acked, written nowhere), routes the rest to ``spark``."""
+
+    def handle_message(self, processor, message, context):
+        if message.data % 2:
+            return message.discard()
+        return message.put_batcher("spark")
+
+
+def test_discarded_messages_are_acked_and_reach_no_batch() -> None:
+    result = test_messages(Filter(), [1, 2, 3, 4], batchers={"spark": 10})
+    assert [m.data for m in result.discarded] == [1, 3]
+    assert all(m.is_discarded for m in result.discarded)
+    assert [m.data for _, batch in result.batches for m in batch] == [2, 4]
+    assert [m.data for m in result.successful] == [2, 4] and result.failed == []

@@ -19,3 +19,23 @@ class JsonBody(Recorder):
 
 class FieldMap(Recorder):
     """Redis entries are field maps already; "fail" is "1" or ""."""
+
+
+class Filters(JsonBody):
+    """Discards (acks without writing) the messages whose body has ``"drop": true``."""
+
+    def handle_message(self, processor: str, message: Message, context) -> Message:
+        message = super().handle_message(processor, message, context)
+        if message.data.get("drop"):
+            return message.discard()
+        return message
+
+
+class Flaky(JsonBody):
+    """Fails the first delivery of each message whose body has ``"flaky": true`` (a
+    transient error: its redelivery succeeds)."""
+
+    def handle_message(self, processor: str, message: Message, context) -> Message:
+        if not message.metadata["redelivered"] and b'"flaky": true' in message.data:
+            return message.failed("a transient error, on purpose")
+        return super().handle_message(processor, message, context)

@@ -29,8 +29,10 @@ def test_rabbitmq_pipeline_acks_everything_and_dead_letters_exactly_the_failed(
         # every 100th message asks the handler to fail it
         body = json.dumps({"seq": i, "fail": i % 100 == 7}).encode()
         rabbit.ch.basic_publish("", queue, body, rabbit_props(i))
+    # on_failure = "reject": these fail on every delivery, the default would requeue them
     config = make_config(short_tmp, handler="tests.brokers.handlers:JsonBody", source="rabbitmq",
-                         producers=2, options={"url": AMQP_URL, "queue": queue},
+                         producers=2, options={"url": AMQP_URL, "queue": queue,
+                                               "on_failure": "reject"},
                          batchers={"default": {"batch_size": 200, "batch_timeout": 0.2}})
     proc = run(config)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -47,8 +47,8 @@ def settled(src: Any) -> bool:
 # -- options, without a broker round trip -------------------------------------------------
 def test_options_defaults_and_errors() -> None:
     s = parse_options({"queue": "q"})
-    assert (s.prefetch_count, s.prefetch_auto, s.on_failure, s.declare) == (50, True,
-                                                                            "reject", False)
+    assert (s.prefetch_count, s.prefetch_auto, s.on_failure, s.declare) == (
+        50, True, "reject_and_requeue", False)
     assert parse_options({"queue": "q", "auto_prefetch": 120}).prefetch_count == 120
     assert parse_options({"queue": "q", "prefetch_count": 7,
                           "auto_prefetch": 120}).prefetch_count == 7
@@ -109,7 +109,8 @@ def test_exhausted_flips_back_when_a_message_arrives(rabbit: Rabbit, sources: An
 
 
 # -- failure policies -----------------------------------------------------------------------
-@pytest.mark.parametrize("policy", ["reject", "reject_and_requeue_once", "requeue"])
+@pytest.mark.parametrize("policy", ["reject", "reject_and_requeue_once", "requeue",
+                                    "reject_and_requeue"])
 def test_failure_policies(rabbit: Rabbit, sources: Any, policy: str) -> None:
     q = rabbit.queue(dlx=True)
     ids = rabbit.publish(q, 200)
@@ -117,14 +118,15 @@ def test_failure_policies(rabbit: Rabbit, sources: Any, policy: str) -> None:
     src = make(q, sources, on_failure=policy, prefetch_count=50)
     deliveries: Counter = Counter()
     redelivered: Counter = Counter()
-    fail_each_time = policy != "requeue"
+    requeues = policy in ("requeue", "reject_and_requeue")
+    fail_each_time = not requeues
 
     def on_items(items: list) -> None:
         ok, bad = [], []
         for msg_id, _data, meta, h in items:
             deliveries[msg_id] += 1
             redelivered[msg_id] += meta["redelivered"]
-            # "requeue" fails the first delivery only, so it ends acked
+            # "(reject_and_)requeue" fails the first delivery only, so it ends acked
             if msg_id in failing and (fail_each_time or deliveries[msg_id] == 1):
                 bad.append((h, "handler failed"))
             else:
@@ -132,14 +134,13 @@ def test_failure_policies(rabbit: Rabbit, sources: Any, policy: str) -> None:
         src.ack(ok)
         src.fail(bad)
 
-    expected = {"reject": 200, "reject_and_requeue_once": 200 + len(failing),
-                "requeue": 200 + len(failing)}[policy]
+    expected = 200 if policy == "reject" else 200 + len(failing)
     consume(src, expected, on_items, batch=20)
     wait_until(lambda: settled(src), timeout=20, message="settled")
     src.close()
     dead = rabbit.take_all(f"{q}.dlq")
     assert rabbit.ready(q) == 0 and set(deliveries) == set(ids)
-    if policy == "requeue":
+    if requeues:
         assert dead == []
         assert all(deliveries[m] == 2 and redelivered[m] == 1 for m in failing)
     else:
@@ -319,3 +320,33 @@ def test_acks_behind_a_long_job_are_not_held(rabbit: Rabbit, sources: Any) -> No
     assert (stats["acked"], stats["unacked"], stats["ack_frames"]) == (299, 1, 299)
     src.close()
     assert rabbit.take_all(q) == ["m0"]
+
+
+def test_requeuing_policy_rejects_what_would_only_fail_again(rabbit: Rabbit,
+                                                             sources: Any) -> None:
+    """Under the default reject_and_requeue, a poison message (its reason from the poison
+    guard) and an oversized body go to the dead-letter exchange: requeued they would come
+    back to crash or fail for ever.  An ordinary failure is requeued."""
+    import pika
+    from offbroadway.stages.poison import POISON_REASON
+
+    q = rabbit.queue(dlx=True)
+    rabbit.publish(q, 3)
+    rabbit.ch.basic_publish("", q, b"x" * 2000, pika.BasicProperties(message_id="big"))
+    src = make(q, sources, prefetch_count=10, max_message_bytes=1000)
+    assert src.settings.on_failure == "reject_and_requeue"
+    got: dict = {}
+    consume(src, 4, lambda items: got.update({m: (meta, h) for m, _d, meta, h in items}))
+    assert "over max_message_bytes" in got["big"][0]["error"]
+    src.fail([(got["m0"][1], f"{POISON_REASON}killed a processor 3 times (last: x)"),
+              (got["m1"][1], "handle_message raised ValueError: try again"),
+              (got["big"][1], got["big"][0]["error"])])
+    src.ack([got["m2"][1]])
+    again: list = []
+    consume(src, 1, again.extend)
+    assert [m for m, *_ in again] == ["m1"] and again[0][2]["redelivered"]
+    src.ack([again[0][3]])
+    wait_until(lambda: settled(src), timeout=20, message="settled")
+    assert src.stats()["rejected_final"] == 2
+    assert sorted(rabbit.take_all(f"{q}.dlq")) == ["big", "m0"]
+    assert rabbit.ready(q) == 0

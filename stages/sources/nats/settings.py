@@ -20,6 +20,7 @@ from ..base import (
     option_max_message_bytes,
     option_str,
 )
+from ..decode import option_decode
 
 NAME = "nats"
 DEFAULT_URL = "nats://127.0.0.1:4222"
@@ -31,7 +32,7 @@ MAX_PULL_BATCH = 256
 KNOWN_OPTIONS = frozenset({
     "url", "stream", "consumer", "subject", "create_consumer", "prefetch", "auto_prefetch",
     "ack_wait", "max_deliver", "nak_delay", "dead_letter_subject", "connect_timeout",
-    "backoff_min", "backoff_max", "pull_timeout", "max_message_bytes"})
+    "backoff_min", "backoff_max", "pull_timeout", "max_message_bytes", "decode"})
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class NatsSettings:
     backoff_max: float = 5.0
     pull_timeout: float = 1.0
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    decode: str = "none"
 
 
 def _token(key: str, value: str) -> str:
@@ -106,4 +108,5 @@ def parse_options(options: Mapping[str, Any], *, pipeline: str = "") -> NatsSett
         backoff_min=backoff_min,
         backoff_max=option_float(NAME, options, "backoff_max", 5.0, minimum=backoff_min),
         pull_timeout=option_float(NAME, options, "pull_timeout", 1.0, minimum=0.05),
-        max_message_bytes=option_max_message_bytes(NAME, options))
+        max_message_bytes=option_max_message_bytes(NAME, options),
+        decode=option_decode(NAME, options))

@@ -4,7 +4,8 @@ The producer-thread face of the source: it validates options, starts the I/O thr
 (:mod:`.connection`), hands out what the thread pulled (:mod:`..mailbox`) and forwards
 settles.  Message id: the publisher's ``Nats-Msg-Id`` header when set (JetStream's own
 de-duplication id), else ``<stream>:<stream sequence>``, stable across redeliveries.
-``message.data`` is the body (bytes).
+``message.data`` is the body (bytes; with ``decode``, its JSON value or text, see
+:mod:`..decode`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import Any
 
 from ...redact import mask_url
 from .. import window_option
-from ..base import Failure, Item, Source, not_contacted
+from ..base import Failure, Item, Source, SourceError, not_contacted
+from ..decode import body_decoder, decode_bodies
 from ..mailbox import Mailbox
 from .connection import JetStreamPuller
 from .settings import DEFAULT_PREFETCH, KNOWN_OPTIONS, NAME, NatsSettings, parse_options
@@ -38,7 +40,8 @@ class NatsSource(Source):
     def __init__(self, options: Mapping[str, Any], **kwargs: Any) -> None:
         super().__init__(options, **kwargs)
         self.settings: NatsSettings = parse_options(self.options, pipeline=self.pipeline)
-        self.fetched = 0
+        self.fetched = self.undecodable = 0
+        self._decode = body_decoder(self.settings.decode)
         self._mailbox: Mailbox | None = None
         self._io: JetStreamPuller | None = None
 
@@ -75,7 +78,7 @@ class NatsSource(Source):
             self._io = None
             self._mailbox.close()
             self._mailbox = None
-            raise RuntimeError(f"nats source: cannot consume {s.stream}/{s.consumer} at "
+            raise SourceError(f"nats source: cannot consume {s.stream}/{s.consumer} at "
                                f"{self._url()}: {fatal}") from fatal
         if s.prefetch_auto and "auto_prefetch" not in self.options:
             log.warning("nats source: prefetch is \"auto\" but the daemon passed no "
@@ -106,6 +109,8 @@ class NatsSource(Source):
             return []
         out = self._mailbox.take(n, want_more=not self._io.paused)
         self.fetched += len(out)
+        if self._decode is not None and out:
+            self.undecodable += decode_bodies(out, self._decode)
         return out
 
     def ack(self, handles: list[Any]) -> None:
@@ -161,6 +166,7 @@ class NatsSource(Source):
             "source": self.name, "url": self._url(), "stream": s.stream,
             "consumer": s.consumer, "prefetch": s.prefetch, "prefetch_auto": s.prefetch_auto,
             "max_deliver": s.max_deliver, "fetched": self.fetched,
+            "decode": s.decode, "undecodable": self.undecodable,
             "buffered": len(self._mailbox) if self._mailbox is not None else 0}
         if io is None:
             out.update(state="closed", unacked=0)

@@ -22,11 +22,14 @@ _PLAIN = frozenset({str, bytes, bool, int, float})
 
 
 class RabbitMQHandle(NamedTuple):
-    """What the producer keeps per message: enough to settle it on the right channel."""
+    """What the producer keeps per message: enough to settle it on the right channel, and
+    whether it is ``doomed``: failed by the source itself for what it is (oversized, not
+    decodable), so a requeue would only bring it back to fail again."""
 
     incarnation: int
     tag: int
     redelivered: bool
+    doomed: bool = False
 
 
 def packable(value: Any) -> Any:
@@ -69,9 +72,8 @@ def to_item(method: Any, props: Any, body: bytes, queue: str, incarnation: int,
     if headers:
         meta["headers"] = headers
     msg_id = props.message_id or f"{tag}@{session}.{incarnation}"
-    data: bytes | None = body
     if len(body) > max_bytes:
         meta["error"] = oversized(len(body), max_bytes)
         meta["body_bytes"] = len(body)
-        data = None
-    return msg_id, data, meta, RabbitMQHandle(incarnation, tag, redelivered)
+        return msg_id, None, meta, RabbitMQHandle(incarnation, tag, redelivered, True)
+    return msg_id, body, meta, RabbitMQHandle(incarnation, tag, redelivered)

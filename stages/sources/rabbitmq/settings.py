@@ -1,8 +1,11 @@
 """The ``rabbitmq`` source's options, validated (pure: what ``offbroadway check`` uses).
 
-Failure policies (``on_failure``): ``reject`` (basic.reject requeue=false: the queue's
-dead-letter exchange gets it, or the broker drops it if there is none), ``requeue``, and
-``reject_and_requeue_once`` (requeue a first delivery, reject a redelivered one).
+Failure policies (``on_failure``): ``reject_and_requeue``, the default as in
+BroadwayRabbitMQ (basic.reject requeue=true: nothing is dropped; ``requeue`` is its older
+name), ``reject`` (requeue=false: the queue's dead-letter exchange gets it, or the broker
+drops it if there is none), and ``reject_and_requeue_once`` (requeue a first delivery,
+reject a redelivered one).  The requeuing policies never requeue a message that would only
+fail again (poison, oversized, not decodable): see :mod:`.settle`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from ..base import (
     option_max_message_bytes,
     option_str,
 )
+from ..decode import option_decode
 
 NAME = "rabbitmq"
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
@@ -27,12 +31,14 @@ DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 DEFAULT_PREFETCH = 50
 #: basic.qos prefetch_count is a 16-bit field
 AMQP_MAX_PREFETCH = 65535
-ON_FAILURE = ("reject", "requeue", "reject_and_requeue_once")
+ON_FAILURE = ("reject_and_requeue", "reject", "reject_and_requeue_once", "requeue")
+#: the policies that send every failed message back to the queue (``requeue``: the old name)
+ALWAYS_REQUEUE = ("reject_and_requeue", "requeue")
 ON_SUCCESS = ("ack",)
 KNOWN_OPTIONS = frozenset({
     "url", "queue", "declare", "bindings", "prefetch_count", "auto_prefetch",
     "on_success", "on_failure", "heartbeat", "connect_timeout", "backoff_min",
-    "backoff_max", "max_message_bytes"})
+    "backoff_max", "max_message_bytes", "decode"})
 
 
 @dataclass(frozen=True)
@@ -49,20 +55,36 @@ class RabbitMQSettings:
     prefetch_count: int = DEFAULT_PREFETCH
     prefetch_auto: bool = True
     on_success: str = "ack"
-    on_failure: str = "reject"
+    on_failure: str = "reject_and_requeue"
     heartbeat: int = 30
     connect_timeout: float = 5.0
     backoff_min: float = 0.1
     backoff_max: float = 10.0
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    decode: str = "none"
 
     def failed_to(self) -> str:
         """Where a failed message goes, in the words of the summary line."""
-        if self.on_failure == "requeue":
-            return f"requeued to queue {self.queue!r} (on_failure = requeue)"
+        if self.on_failure in ("reject_and_requeue", "requeue"):
+            return (f"requeued to queue {self.queue!r} (on_failure = {self.on_failure}; "
+                    f"poison, oversized and undecodable ones rejected: to the queue's "
+                    f"dead-letter exchange if it has one, else dropped by the broker)")
         once = "requeued once, then " if self.on_failure == "reject_and_requeue_once" else ""
         return (f"{once}rejected: to the dead-letter exchange of queue {self.queue!r} if it "
                 f"has one, else dropped by the broker")
+
+
+    def drops_failures(self) -> str | None:
+        """A warning when this config certainly lets the broker drop failed messages: a
+        rejecting policy on a queue it declares without a dead-letter exchange (a queue it
+        does not declare may have one, by its arguments or a policy: not knowable here)."""
+        if self.on_failure in ALWAYS_REQUEUE or not self.declare \
+                or "x-dead-letter-exchange" in self.queue_arguments:
+            return None
+        return (f"{NAME} source: on_failure = {self.on_failure!r} and the queue "
+                f"{self.queue!r} is declared without x-dead-letter-exchange: the broker will "
+                f"drop failed messages (declare it with a dead-letter exchange, or keep the "
+                f"default on_failure = \"reject_and_requeue\")")
 
 
 def parse_options(options: Mapping[str, Any]) -> RabbitMQSettings:
@@ -133,7 +155,7 @@ def parse_options(options: Mapping[str, Any]) -> RabbitMQSettings:
     if on_success not in ON_SUCCESS:
         raise ValueError(f"{name} source: option 'on_success' must be one of "
                          f"{', '.join(ON_SUCCESS)}, got {on_success!r}")
-    on_failure = options.get("on_failure", "reject")
+    on_failure = options.get("on_failure", "reject_and_requeue")
     if on_failure not in ON_FAILURE:
         raise ValueError(f"{name} source: option 'on_failure' must be one of "
                          f"{', '.join(ON_FAILURE)}, got {on_failure!r}")
@@ -147,4 +169,5 @@ def parse_options(options: Mapping[str, Any]) -> RabbitMQSettings:
         heartbeat=30 if heartbeat is None else heartbeat,
         connect_timeout=option_float(name, options, "connect_timeout", 5.0, minimum=0.1),
         backoff_min=backoff_min, backoff_max=backoff_max,
-        max_message_bytes=option_max_message_bytes(name, options))
+        max_message_bytes=option_max_message_bytes(name, options),
+        decode=option_decode(name, options))

@@ -17,16 +17,32 @@ messages a second.  Rejects (failures, requeues) go out at once.
 
 Used by the I/O thread only; the channel is anything with pika's ``basic_ack`` and
 ``basic_reject``.
+
+Failure policies and retries.  ``reject_and_requeue`` (the default) and
+``reject_and_requeue_once`` send a failed message back to the queue; but a message that can
+only fail again is rejected instead, whatever the policy: a poison message (it killed a
+processor ``max_crashes`` times: requeued, it would start the crash loop over, since the
+producer forgets its strikes once it settles, and the pipeline supervisor would give up
+within a few rounds), and a message the source itself failed for what it is (``doomed``:
+over ``max_message_bytes``, or a body ``decode`` could not parse).  Requeued, those would
+come straight back at the speed of the pipeline for ever.  Rejected, they go to the
+queue's dead-letter exchange; a queue without one drops them, which is why they are
+counted (``rejected_final``) and logged one line per burst.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from typing import Any
 
+from ...poison import POISON_REASON
 from ..base import Failure
 from .delivery import RabbitMQHandle
+from .settings import ALWAYS_REQUEUE
+
+log = logging.getLogger("offbroadway.sources.rabbitmq")
 
 #: the longest an ack behind a still-open tag waits for a multiple ack to cover it
 ACK_DELAY = 0.05
@@ -44,6 +60,8 @@ class Settlement:
         self.unsent: set[int] = set()        # settled ok, the broker not told yet
         self._unsent_since = 0.0             # when the oldest of those was settled
         self.acked = self.failed = self.rejected = self.failure_requeued = 0
+        #: failed messages a requeuing policy rejected: they would only fail again
+        self.rejected_final = 0
         self.requeued = self.stale = 0
         self.ack_frames = 0                  # basic.ack frames sent (multiple or single)
 
@@ -85,15 +103,25 @@ class Settlement:
 
     def fail(self, failures: list[Failure]) -> None:
         """The failure policy: reject (to the dead-letter exchange), or requeue."""
-        for handle, _reason in failures:
+        final = []
+        for handle, reason in failures:
             if self._current(handle):
                 requeue = self._failure_requeues(handle)
+                if requeue and (handle.doomed or str(reason).startswith(POISON_REASON)):
+                    requeue = False
+                    final.append(reason)
                 if self.settle_one(handle.tag, requeue=requeue):
                     self.failed += 1
                     if requeue:
                         self.failure_requeued += 1
                     else:
                         self.rejected += 1
+        if final:
+            self.rejected_final += len(final)
+            log.warning("rabbitmq source: %d failed message(s) rejected, not requeued "
+                        "(on_failure = %s), because they would fail again (first: %s); "
+                        "they go to the queue's dead-letter exchange, or are dropped by the "
+                        "broker if it has none", len(final), self.on_failure, final[0])
 
     def requeue(self, handles: list[RabbitMQHandle]) -> None:
         for handle in handles:
@@ -123,7 +151,7 @@ class Settlement:
         return False
 
     def _failure_requeues(self, handle: RabbitMQHandle) -> bool:
-        if self.on_failure == "requeue":
+        if self.on_failure in ALWAYS_REQUEUE:
             return True
         if self.on_failure == "reject_and_requeue_once":
             return not handle.redelivered

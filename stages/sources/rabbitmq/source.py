@@ -27,7 +27,8 @@ from typing import Any
 
 from ...redact import describe_error, mask_url
 from .. import window_option
-from ..base import Failure, Item, Source, not_contacted
+from ..base import Failure, Item, Source, SourceError, not_contacted
+from ..decode import body_decoder, decode_bodies
 from ..mailbox import Mailbox
 from .connection import Consumer
 from .settings import (
@@ -51,7 +52,8 @@ class RabbitMQSource(Source):
     """Consumes one queue; deliveries are buffered (bounded by the prefetch window) and
     handed out by :meth:`fetch`; the producer polls :meth:`fileno`.
 
-    ``message.data`` is the body (bytes); ``metadata`` has ``routing_key``, ``exchange``,
+    ``message.data`` is the body (bytes; with ``decode``, its JSON value or text, see
+    :mod:`..decode`); ``metadata`` has ``routing_key``, ``exchange``,
     ``delivery_tag``, ``redelivered``, ``queue``, ``headers`` and every AMQP property that
     is set (:mod:`.delivery`).
     """
@@ -70,7 +72,8 @@ class RabbitMQSource(Source):
         self._io = Consumer(settings, session=session, pipeline=self.pipeline,
                             producer_index=self.producer_index)
         self._mailbox: Mailbox | None = None
-        self.fetched = 0
+        self._decode = body_decoder(settings.decode)
+        self.fetched = self.undecodable = 0
 
     @property
     def settings(self) -> RabbitMQSettings:
@@ -80,7 +83,9 @@ class RabbitMQSource(Source):
     @classmethod
     def preflight(cls, options: Mapping[str, Any]) -> list[str]:
         s = parse_options(options)
-        return [not_contacted("RabbitMQ", s.url, f"the queue {s.queue!r}")]
+        drops = s.drops_failures()
+        return [not_contacted("RabbitMQ", s.url, f"the queue {s.queue!r}")] + \
+            ([drops] if drops else [])
 
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> None:
@@ -105,10 +110,12 @@ class RabbitMQSource(Source):
             io.stop()
             self._mailbox.close()
             self._mailbox = None
-            raise RuntimeError(f"rabbitmq source: cannot consume queue "
+            raise SourceError(f"rabbitmq source: cannot consume queue "
                                f"{self.settings.queue!r} at {self.url_masked}: "
                                f"{describe_error(io.fatal, self.settings.url)}") from io.fatal
         s = self.settings
+        if drops := s.drops_failures():
+            log.warning("%s", drops)
         if s.prefetch_auto and "auto_prefetch" not in self.options:
             log.warning("rabbitmq source: prefetch_count is \"auto\" but the daemon passed no "
                         "auto_prefetch; using %d, which starves processors if processors x "
@@ -148,7 +155,17 @@ class RabbitMQSource(Source):
             return []
         out = self._mailbox.take(n, want_more=not self._io.paused)
         self.fetched += len(out)
+        if self._decode is not None and out and decode_bodies(out, self._decode):
+            self._doom_undecodable(out)
         return out
+
+    def _doom_undecodable(self, items: list[Item]) -> None:
+        """Mark the handles of bodies that did not decode as doomed: a requeue would only
+        bring them back to fail again (:mod:`.settle`)."""
+        for i, (msg_id, data, meta, handle) in enumerate(items):
+            if "error" in meta and not handle.doomed:
+                items[i] = (msg_id, data, meta, handle._replace(doomed=True))
+                self.undecodable += 1
 
     def ack(self, handles: list[Any]) -> None:
         if handles:
@@ -206,6 +223,7 @@ class RabbitMQSource(Source):
             "prefetch_auto": s.prefetch_auto, "on_failure": s.on_failure,
             "fetched": self.fetched, "acked": settle.acked, "failed": settle.failed,
             "rejected": settle.rejected, "failure_requeued": settle.failure_requeued,
+            "rejected_final": settle.rejected_final,
             "requeued": settle.requeued,
             "buffered": len(self._mailbox) if self._mailbox is not None else 0,
             "unacked": len(settle.open_tags), "acks_pending": len(settle.unsent),
@@ -215,5 +233,6 @@ class RabbitMQSource(Source):
             "dropped_on_loss": io.dropped_on_loss, "returned": io.returned,
             "reconnects": io.reconnects, "oversized": io.oversized,
             "max_message_bytes": s.max_message_bytes,
+            "decode": s.decode, "undecodable": self.undecodable,
             "incarnation": io.incarnation, "paused": io.paused,
             "last_error": io.last_error}

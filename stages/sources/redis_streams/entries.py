@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from ..decode import DECODE_ERRORS, json_value, why_not
+
 
 class RedisHandle(NamedTuple):
     """Entry id plus the raw field map, so a failure can be dead-lettered verbatim."""
@@ -21,6 +23,29 @@ def text(value: Any) -> Any:
         except UnicodeDecodeError:
             return value
     return value
+
+
+def field_map(fields: dict) -> dict:
+    """The entry's fields as the handler sees them (:func:`text` on names and values)."""
+    return {text(k): text(v) for k, v in fields.items()}
+
+
+def json_field(fields: dict, name: str, meta: dict) -> Any:
+    """``decode = "json"``: the JSON value of field ``name``; the other fields go to
+    ``meta["fields"]``.  An entry without that field, or whose field is not JSON, keeps its
+    field map as data and fails (``meta["error"]``), to be dead-lettered whole."""
+    raw = fields.get(name.encode(), fields.get(name))
+    rest = {text(k): text(v) for k, v in fields.items() if text(k) != name}
+    if rest:
+        meta["fields"] = rest
+    if raw is None:
+        meta["error"] = f"entry has no field {name!r} to decode (decode = \"json\")"
+        return field_map(fields)
+    try:
+        return json_value(raw)
+    except DECODE_ERRORS as exc:
+        meta["error"] = why_not(exc, f"field {name!r}")
+        return field_map(fields)
 
 
 def id_text(value: Any) -> str:

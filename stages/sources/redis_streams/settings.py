@@ -9,6 +9,7 @@ from typing import Any
 
 from ...redact import mask_url
 from ..base import option_float, option_int, option_max_message_bytes, option_str
+from ..decode import option_decode
 
 NAME = "redis"
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
@@ -17,7 +18,9 @@ KNOWN_OPTIONS = frozenset({
     "url", "stream", "group", "consumer", "create_group", "start_id", "block_ms",
     "poll_ms", "claim_idle_ms", "on_failure", "dead_letter_stream",
     "dead_letter_maxlen", "backoff_min", "backoff_max", "socket_timeout",
-    "max_message_bytes"})
+    "max_message_bytes", "decode", "decode_field"})
+#: values of ``decode``: the field map as it is, or one field's JSON value
+DECODES = ("none", "json")
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,8 @@ class RedisSettings:
     max_message_bytes: int
     backoff_min: float
     backoff_max: float
+    decode: str = "none"
+    decode_field: str = "data"
 
 
 def parse_options(options: Mapping[str, Any]) -> RedisSettings:
@@ -76,4 +81,6 @@ def parse_options(options: Mapping[str, Any]) -> RedisSettings:
         socket_timeout=option_float(n, options, "socket_timeout", 5.0, minimum=0.1),
         max_message_bytes=option_max_message_bytes(n, options),
         backoff_min=backoff_min,
-        backoff_max=option_float(n, options, "backoff_max", 5.0, minimum=backoff_min))
+        backoff_max=option_float(n, options, "backoff_max", 5.0, minimum=backoff_min),
+        decode=option_decode(n, options, DECODES),
+        decode_field=option_str(n, options, "decode_field", "data") or "data")

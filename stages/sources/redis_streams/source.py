@@ -46,11 +46,12 @@ from ..base import (
     Failure,
     Item,
     Source,
+    SourceError,
     next_attempt,
     not_contacted,
     oversized,
 )
-from .entries import RedisHandle, entry_size, id_text, text
+from .entries import RedisHandle, entry_size, field_map, id_text, json_field
 from .settings import KNOWN_OPTIONS, NAME, parse_options
 
 log = logging.getLogger("offbroadway.sources.redis")
@@ -92,6 +93,9 @@ class RedisStreamsSource(Source):
         self.dead_letter_maxlen: int | None = st.dead_letter_maxlen
         self.socket_timeout = st.socket_timeout
         self.max_message_bytes = st.max_message_bytes
+        self.decode, self.decode_field = st.decode, st.decode_field
+        #: ``decode = "json"``: the field whose JSON value is ``message.data``, else None
+        self._json_field: str | None = st.decode_field if st.decode == "json" else None
         self._backoff = Backoff(st.backoff_min, st.backoff_max)
         self._client: redis.Redis | None = None
         self._state = "new"
@@ -111,7 +115,7 @@ class RedisStreamsSource(Source):
         # counters
         self.fetched = self.acked = self.failed = self.dead_lettered = self.requeued = 0
         self.claimed = self.vanished = self.reconnects = self.errors = 0
-        self.oversized = 0
+        self.oversized = self.undecodable = 0
 
     @classmethod
     def preflight(cls, options: Mapping[str, Any]) -> list[str]:
@@ -144,8 +148,13 @@ class RedisStreamsSource(Source):
             client_name=self.consumer[:64].replace(" ", "_"))
         try:
             self._connect()
-        except (redis.ResponseError, redis.AuthenticationError):
-            raise        # a wrong password or a key that is not a stream: fail at start
+        except (redis.ResponseError, redis.AuthenticationError) as exc:
+            # a wrong password or a key that is not a stream: fail at start
+            self._client.close()
+            self._client = None
+            raise SourceError(f"redis source: cannot read stream {self.stream!r} as group "
+                              f"{self.group!r} at {self.url_masked}: "
+                              f"{describe_error(exc, self.url)}") from exc
         except redis.RedisError as exc:
             self._on_error(exc)
         log.info("redis source: stream %r group %r consumer %r at %s: %s", self.stream,
@@ -311,7 +320,11 @@ class RedisStreamsSource(Source):
                 meta["entry_bytes"] = size
                 out.append((entry_id, None, meta, handle))
                 continue
-            data = {text(k): text(v) for k, v in fields.items()}
+            if self._json_field is None:
+                data = field_map(fields)
+            else:
+                data = json_field(fields, self._json_field, meta)
+                self.undecodable += "error" in meta
             out.append((entry_id, data, meta, handle))
         if vanished:
             self.vanished += len(vanished)
@@ -519,4 +532,6 @@ class RedisStreamsSource(Source):
             + len(self._unsent_acks) + len(self._unsent_dead),
             "unsent_acks": len(self._unsent_acks), "reconnects": self.reconnects,
             "errors": self.errors, "paused": self._paused, "last_error": self._last_error,
-            "oversized": self.oversized, "max_message_bytes": self.max_message_bytes}
+            "oversized": self.oversized, "max_message_bytes": self.max_message_bytes,
+            "decode": self.decode,
+            "undecodable": self.undecodable}

@@ -1,0 +1,40 @@
+"""Handler for the dead-letter replay tests: an order without a ``sku`` fails ("no sku")
+until the config says ``context.fixed = true``; every message ``handle_batch`` gets is
+recorded (fsync'd) as written."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from offbroadway import Message, Pipeline
+
+
+class Picky(Pipeline):
+    def handle_message(self, processor: str, message: Message, context) -> Message:
+        data = message.data
+        if isinstance(data, (bytes, bytearray)):
+            data = json.loads(data)          # a broker's body
+            message = message.update_data(lambda _d: data)
+        if "sku" not in data and not context.get("fixed"):
+            return message.failed("no sku")
+        return message.put_batcher("default")
+
+    def handle_batch(self, batcher: str, messages: list[Message], batch_info, context):
+        path = os.path.join(context["out"], f"written-{os.getpid()}.jsonl")
+        with open(path, "a") as f:
+            f.write("".join(json.dumps({"seq": m.data["seq"], "id": m.id}) + "\n"
+                            for m in messages))
+            f.flush()
+            os.fsync(f.fileno())
+        return messages
+
+
+def written(out: str) -> list[int]:
+    """Every seq handle_batch got, in no particular order (duplicates kept)."""
+    seqs = []
+    for name in os.listdir(out):
+        if name.startswith("written-"):
+            with open(os.path.join(out, name)) as f:
+                seqs += [json.loads(line)["seq"] for line in f if line.strip()]
+    return seqs

@@ -1,0 +1,151 @@
+"""Hostile clients on the control socket: one that connects and sends nothing, one that
+sends garbage, one that opens hundreds of connections.  Each is answered with one error
+line when it can be and dropped; meanwhile ``status`` answers at once and the pipeline
+keeps flowing; the daemon's file descriptors come back to where they were; the log has
+one line about it, not one per client, and no traceback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from offbroadway.daemon import control
+from tests.conftest import test_env, wait_until
+
+HANDLER = '''
+from offbroadway import Pipeline
+
+class Noop(Pipeline):
+    def handle_message(self, processor, message, context):
+        return message
+'''
+
+
+def start(tmp: Path) -> tuple[subprocess.Popen, str]:
+    (tmp / "noop_ctl.py").write_text(HANDLER)
+    config = tmp / "p.toml"
+    config.write_text(f"""
+[pipeline]
+name = "hostile"
+handler = "noop_ctl:Noop"
+
+[producer]
+source = "generator"
+rate_limit = {{ allowed_messages = 200, interval = 0.1 }}
+
+[processors.default]
+concurrency = 1
+
+[metrics]
+listen = ""
+
+[runtime]
+dir = "{tmp / 'run'}"
+state_dir = "{tmp / 'state'}"
+""")
+    env = test_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp), env["PYTHONPATH"]])
+    log = open(tmp / "daemon.log", "w")
+    daemon = subprocess.Popen([sys.executable, "-m", "offbroadway.daemon.cli", "run",
+                               str(config)], cwd=tmp, env=env, stdout=log,
+                              stderr=subprocess.STDOUT)
+    log.close()
+    sock = str(tmp / "run" / "control.sock")
+    wait_until(lambda: acked(sock) > 0, timeout=60, interval=0.2, message="messages acked")
+    return daemon, sock
+
+
+def acked(sock: str) -> int:
+    try:
+        return int(control.request(sock, {"cmd": "status"}, timeout=5)["status"]["acked"])
+    except (control.ControlError, KeyError):
+        return 0
+
+
+def connect(sock: str) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(sock)
+    return s
+
+
+def answer(s: socket.socket, timeout: float) -> bytes:
+    """What the daemon sends before it closes the connection (b'' if nothing)."""
+    s.settimeout(timeout)
+    chunks = []
+    while True:
+        data = s.recv(65536)
+        if not data:
+            return b"".join(chunks)
+        chunks.append(data)
+
+
+def test_silent_garbage_and_flooding_clients_hold_nothing_up(short_tmp: Path) -> None:
+    daemon, sock = start(short_tmp)
+    proc = psutil.Process(daemon.pid)
+    try:
+        fds_before = proc.num_fds()
+        silent = [connect(sock) for _ in range(200)]       # 136 of them get evicted
+        partial = connect(sock)
+        partial.sendall(b'{"cmd": "sta')                    # and then nothing
+        garbage = {
+            b"\xff\xfe\x00 not utf-8\n": b"bad request",
+            b"[1, 2, 3]\n": b"not a JSON object",
+            b"{not json\n": b"bad request",
+            os.urandom(100_000).replace(b"\n", b"x"): b"longer than",
+        }
+        sent = []
+        for payload, expect in garbage.items():
+            s = connect(sock)
+            s.sendall(payload)
+            sent.append((s, expect))
+
+        # meanwhile: status answers at once, every time, and the pipeline flows
+        first = acked(sock)
+        worst = 0.0
+        for _ in range(20):
+            t0 = time.monotonic()
+            reply = control.request(sock, {"cmd": "status"}, timeout=5)
+            worst = max(worst, time.monotonic() - t0)
+            assert reply["ok"], reply
+        assert worst < 2.0, f"a status call took {worst:.2f}s among hostile clients"
+        wait_until(lambda: acked(sock) > first + 200, timeout=10,
+                   message="the pipeline flowing among hostile clients")
+
+        for s, expect in sent:                              # garbage: one error line
+            got = answer(s, 5)
+            assert expect in got and b'"ok": false' in got, (expect, got[:200])
+            s.close()
+        # the silent ones: the evicted closed at once, the rest answered at READ_TIMEOUT
+        t0 = time.monotonic()
+        answers = [answer(s, control.READ_TIMEOUT + 10) for s in [*silent, partial]]
+        waited = time.monotonic() - t0
+        assert waited < control.READ_TIMEOUT + 5, waited
+        timed_out = [a for a in answers if b"no request within" in a]
+        evicted = [a for a in answers if a == b""]
+        assert len(timed_out) + len(evicted) == len(answers), answers[:3]
+        assert len(timed_out) <= control.MAX_WAITING, len(timed_out)
+        assert b"no request within" in answers[-1]        # the partial line: timed out
+        for s in silent:
+            s.close()
+        partial.close()
+        wait_until(lambda: proc.num_fds() <= fds_before + 2, timeout=10,
+                   message=f"the daemon's fds back to {fds_before} (now {proc.num_fds()})")
+        assert acked(sock) > first
+        os.kill(daemon.pid, signal.SIGTERM)
+        assert daemon.wait(60) == 0
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait(30)
+    text = (short_tmp / "daemon.log").read_text()
+    assert "Traceback" not in text, text[-3000:]
+    lines = [ln for ln in text.splitlines() if "control socket" in ln]
+    assert 1 <= len(lines) <= 2, lines      # one line a minute, not one per client
+
