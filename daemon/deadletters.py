@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from offbroadway.stages.sources import get_source
-from offbroadway.stages.sources.deadletters import DeadLetter, DeadLetterBox
+from offbroadway.stages.sources.deadletters import DeadLetter, DeadLetterBox, DeadLetterError
 
 from .config import Config
 
@@ -32,8 +32,8 @@ RECORD = "dead-letters-replayed.jsonl"
 SHOW_CHARS = 300
 
 
-class DeadLettersError(RuntimeError):
-    """One line for the operator: no dead letters kept, a broker that does not answer…"""
+#: one line for the operator: no dead letters kept, a broker that does not answer…
+DeadLettersError = DeadLetterError
 
 
 class ReplayRecord:

@@ -19,6 +19,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 
+class DeadLetterError(RuntimeError):
+    """One line for the operator: nowhere to read from, a broker that does not answer…"""
+
+
 @dataclass(frozen=True)
 class DeadLetter:
     """One failed message as its source kept it."""

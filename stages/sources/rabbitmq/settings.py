@@ -38,7 +38,7 @@ ON_SUCCESS = ("ack",)
 KNOWN_OPTIONS = frozenset({
     "url", "queue", "declare", "bindings", "prefetch_count", "auto_prefetch",
     "on_success", "on_failure", "heartbeat", "connect_timeout", "backoff_min",
-    "backoff_max", "max_message_bytes", "decode"})
+    "backoff_max", "max_message_bytes", "decode", "dead_letter_queue"})
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,9 @@ class RabbitMQSettings:
     backoff_max: float = 10.0
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     decode: str = "none"
+    #: the queue bound to the dead-letter exchange, where ``offbroadway dead-letters``
+    #: reads and replays from (AMQP cannot tell which queue that is)
+    dead_letter_queue: str | None = None
 
     def failed_to(self) -> str:
         """Where a failed message goes, in the words of the summary line."""
@@ -170,4 +173,6 @@ def parse_options(options: Mapping[str, Any]) -> RabbitMQSettings:
         connect_timeout=option_float(name, options, "connect_timeout", 5.0, minimum=0.1),
         backoff_min=backoff_min, backoff_max=backoff_max,
         max_message_bytes=option_max_message_bytes(name, options),
-        decode=option_decode(name, options))
+        decode=option_decode(name, options),
+
+        dead_letter_queue=option_str(name, options, "dead_letter_queue", None))

@@ -23,7 +23,7 @@ import os
 import socket
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...redact import describe_error, mask_url
 from .. import window_option
@@ -39,6 +39,9 @@ from .settings import (
     RabbitMQSettings,
     parse_options,
 )
+
+if TYPE_CHECKING:
+    from .replay import RabbitMQDeadLetters
 
 log = logging.getLogger("offbroadway.sources.rabbitmq")
 
@@ -79,6 +82,13 @@ class RabbitMQSource(Source):
     def settings(self) -> RabbitMQSettings:
         """The options in force (the I/O thread's: a resize changes the window)."""
         return self._io.settings
+
+    @classmethod
+    def dead_letters(cls, options: Mapping[str, Any], *, pipeline: str,
+                     state_dir: str) -> RabbitMQDeadLetters:
+        from .replay import RabbitMQDeadLetters
+
+        return RabbitMQDeadLetters(options)
 
     @classmethod
     def preflight(cls, options: Mapping[str, Any]) -> list[str]:
