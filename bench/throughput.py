@@ -152,7 +152,9 @@ def lean_run(path: Path, messages: int) -> dict:
 
 
 def daemon_run(messages: int, payload_bytes: int, dispatcher: str, producers: int = 1,
-               max_demand: int | None = None) -> dict:
+               max_demand: int | None = None, listen: str = "") -> dict:
+    """One run of the pipeline to its end; ``listen``: the metrics listener (and live
+    page), off by default (bench/page_cost.py turns it on)."""
     tmp = Path(tempfile.mkdtemp(prefix="obd-", dir="/tmp"))
     (tmp / "bench_noop.py").write_text(NOOP_HANDLER)
     demand = "" if max_demand is None else f"max_demand = {max_demand}\n"
@@ -174,7 +176,7 @@ payload_bytes = {payload_bytes}
 [processors.default]
 concurrency = 2
 {demand}
-""" + sink_and_runtime(tmp))
+""" + sink_and_runtime(tmp, listen))
     daemon = start_daemon(tmp, config, "--until-idle", stdout=subprocess.DEVNULL)
     sock = str(tmp / "run" / "control.sock")
 
