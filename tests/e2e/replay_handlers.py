@@ -15,7 +15,9 @@ class Picky(Pipeline):
         data = message.data
         if isinstance(data, (bytes, bytearray)):
             data = json.loads(data)          # a broker's body
-            message = message.update_data(lambda _d: data)
+        elif "seq" in data and isinstance(data["seq"], str):
+            data = {**data, "seq": int(data["seq"])}     # a Redis entry's fields
+        message = message.update_data(lambda _d: data)
         if "sku" not in data and not context.get("fixed"):
             return message.failed("no sku")
         return message.put_batcher("default")

@@ -16,7 +16,7 @@ import os
 import socket
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...redact import mask_url
 from .. import window_option
@@ -25,6 +25,9 @@ from ..decode import body_decoder, decode_bodies
 from ..mailbox import Mailbox
 from .connection import JetStreamPuller
 from .settings import DEFAULT_PREFETCH, KNOWN_OPTIONS, NAME, NatsSettings, parse_options
+
+if TYPE_CHECKING:
+    from .replay import NatsDeadLetters
 
 log = logging.getLogger("offbroadway.sources.nats")
 
@@ -54,6 +57,13 @@ class NatsSource(Source):
     def preflight(cls, options: Mapping[str, Any]) -> list[str]:
         s = parse_options(options)
         return [not_contacted("NATS", s.url, f"the stream {s.stream!r}")]
+
+    @classmethod
+    def dead_letters(cls, options: Mapping[str, Any], *, pipeline: str,
+                     state_dir: str) -> NatsDeadLetters:
+        from .replay import NatsDeadLetters
+
+        return NatsDeadLetters(options, pipeline)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def open(self) -> None:

@@ -34,7 +34,7 @@ import os
 import socket
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from redis.backoff import NoBackoff
@@ -53,6 +53,9 @@ from ..base import (
 )
 from .entries import RedisHandle, entry_size, field_map, id_text, json_field
 from .settings import KNOWN_OPTIONS, NAME, parse_options
+
+if TYPE_CHECKING:
+    from .replay import RedisDeadLetters
 
 log = logging.getLogger("offbroadway.sources.redis")
 
@@ -121,6 +124,13 @@ class RedisStreamsSource(Source):
     def preflight(cls, options: Mapping[str, Any]) -> list[str]:
         s = parse_options(options)
         return [not_contacted("Redis", s.url, f"the stream {s.stream!r}")]
+
+    @classmethod
+    def dead_letters(cls, options: Mapping[str, Any], *, pipeline: str,
+                     state_dir: str) -> RedisDeadLetters:
+        from .replay import RedisDeadLetters
+
+        return RedisDeadLetters(options)
 
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> None:
