@@ -174,5 +174,4 @@ def parse_options(options: Mapping[str, Any]) -> RabbitMQSettings:
         backoff_min=backoff_min, backoff_max=backoff_max,
         max_message_bytes=option_max_message_bytes(name, options),
         decode=option_decode(name, options),
-
         dead_letter_queue=option_str(name, options, "dead_letter_queue", None))
