@@ -24,14 +24,23 @@ class DeadLetters:
 
     def write(self, entries: list[dict]) -> None:
         """Append ``entries`` durably, in one ``write()`` of whole lines: appends from
-        several producers do not interleave."""
+        several producers do not interleave.  A write the disk refuses is cut back off
+        the file and raised."""
         if not entries:
             return
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         text = "\n".join(json.dumps(e, ensure_ascii=False) for e in entries) + "\n"
-        write_all(self._fd, text.encode())
-        os.fdatasync(self._fd)
+        start = os.fstat(self._fd).st_size
+        try:
+            write_all(self._fd, text.encode())
+            os.fdatasync(self._fd)
+        except OSError:   # a full disk: cut back what was written, so no torn entry stays
+            try:
+                os.ftruncate(self._fd, start)
+            except OSError:
+                pass
+            raise
 
     def close(self) -> None:
         if self._fd is not None:

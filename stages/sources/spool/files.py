@@ -20,8 +20,8 @@ def move_aside(path: str, done_dir: str, name: str) -> str:
             # no hard links here (another filesystem, or one without them)
             if os.path.exists(target):
                 continue
-            import shutil
-            shutil.move(path, target)
+            _copy_in(path, target)
+            os.unlink(path)
             break
         os.unlink(path)
         break
@@ -30,6 +30,24 @@ def move_aside(path: str, done_dir: str, name: str) -> str:
     fsync_dir(done_dir)
     fsync_dir(src_dir)
     return target
+
+
+def _copy_in(path: str, target: str) -> None:
+    """Copy ``path`` to ``target`` on another file system through a temporary name, so a
+    copy cut short (a full disk) never leaves half a file under the real name."""
+    import shutil
+
+    tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.partial")
+    try:
+        shutil.copyfile(path, tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.link(tmp, target)                          # fails if target exists: no overwrite
+    finally:
+        unlink(tmp)
 
 
 def write_all(fd: int, data: bytes) -> None:

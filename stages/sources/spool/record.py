@@ -53,14 +53,28 @@ def load(path: str) -> ledger.Record:
 def append(fd: int | None, path: str, head: str, text: str) -> int:
     """Append ``text`` to the record at ``path`` and make it durable; returns the open fd
     (``fd`` if one was open).  A new record starts with its header, and its name is made
-    durable too (the directory is fsync'd)."""
+    durable too (the directory is fsync'd).  An append the disk refuses (full) is cut
+    back off the file before the error is raised: the record never holds half a line
+    that a later append would run into."""
+    opened = fd is None
     if fd is None:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        if os.fstat(fd).st_size == 0:
-            write_all(fd, (ledger.header(head) + text).encode())
+    try:
+        start = os.fstat(fd).st_size
+        data = (ledger.header(head) + text) if start == 0 else text
+        try:
+            write_all(fd, data.encode())
             os.fdatasync(fd)
+        except OSError:
+            try:
+                os.ftruncate(fd, start)
+            except OSError:
+                pass
+            raise
+        if start == 0:
             fsync_dir(os.path.dirname(path))   # the new name must survive a crash too
-            return fd
-    write_all(fd, text.encode())
-    os.fdatasync(fd)
-    return fd
+        return fd
+    except OSError:
+        if opened:
+            os.close(fd)
+        raise

@@ -41,6 +41,7 @@ from .ledger import DONE_MARK, ranges_line
 from .reader import LINE_BITS, LINE_MASK, LineReader, Oversized, SpoolFile
 from .record import RECORD_SUFFIX
 from .settings import KNOWN_OPTIONS, NAME, parse_options
+from .stall import Stall, is_full
 
 if TYPE_CHECKING:
     from .replay import SpoolDeadLetters
@@ -73,6 +74,9 @@ class SpoolSource(Source):
         self._order = 0
         self._last_scan = -_NEVER
         self._dead = DeadLetters(self.spool_state)
+        #: writes a full disk refused, retried with back-off (:mod:`.stall`)
+        self._stall = Stall()
+        self._finishing: set[str] = set()    # files whose move to done_dir is held
         self._reader = LineReader(self.max_message_bytes)
         self._opened = False
         self._closed = False
@@ -132,6 +136,10 @@ class SpoolSource(Source):
     def fetch(self, n: int) -> list[Item]:
         if n <= 0 or self._closed or not self._opened:
             return []
+        if self._stall:
+            self._stall.retry()
+            if self._stall:
+                return []        # nothing new while settled lines cannot be recorded
         out: list[Item] = []
         if self._requeued:
             take, self._requeued = self._requeued[:n], self._requeued[n:]
@@ -233,9 +241,12 @@ class SpoolSource(Source):
     # -- settling -----------------------------------------------------------------------------
     def ack(self, handles: list[Any]) -> None:
         groups = self._group(handles)
-        for fs, lines in groups.items():
-            self.acked += len(self._settle(fs, lines))
-        self._finish_settled(groups)
+
+        def settle() -> None:     # again from the start after a refusal: _settle skips
+            for fs, lines in groups.items():   # what is recorded already
+                self.acked += len(self._settle(fs, lines))
+            self._finish_settled(groups)
+        self._stall.run(f"record acknowledged lines in {self.spool_state}", settle)
 
     def fail(self, failures: list[Failure]) -> None:
         """Failure policy: dead-letter (:mod:`.deadletter`), before the lines are
@@ -262,11 +273,18 @@ class SpoolSource(Source):
             handles.append(handle)
         if not entries:
             return
-        self._dead.write(entries)
         groups = self._group(handles)
-        for fs, lines in groups.items():
-            self.failed += len(self._settle(fs, lines))
-        self._finish_settled(groups)
+        written = False
+
+        def settle() -> None:     # the dead letters once, then the records
+            nonlocal written
+            if not written:
+                self._dead.write(entries)
+                written = True
+            for fs, lines in groups.items():
+                self.failed += len(self._settle(fs, lines))
+            self._finish_settled(groups)
+        self._stall.run(f"write dead letters to {self._dead.path}", settle)
 
     def _settle(self, fs: SpoolFile, lines: list[int]) -> list[int]:
         """Record ``lines`` of ``fs`` durably as settled; return those that were unsettled."""
@@ -313,13 +331,15 @@ class SpoolSource(Source):
 
     # -- idleness -----------------------------------------------------------------------------
     def exhausted(self) -> bool:
-        if self._requeued:
+        if self._requeued or self._stall:
             return False
         if not self._reading and self._opened and not self._closed and self._scan_due():
             self._scan()
         return not self._reading
 
     def retry_after(self) -> float:
+        if self._stall:
+            return self._stall.wait()
         if self._requeued or self._reading:
             return 0.0
         return max(0.01, self._last_scan + self.scan_interval - time.monotonic())
@@ -335,7 +355,11 @@ class SpoolSource(Source):
                 "file_errors": self._reader.file_errors,
                 "bytes_read": self._reader.bytes_read, "oversized": self._reader.oversized,
                 "max_message_bytes": self.max_message_bytes,
-                "exhausted": not self._requeued and not self._reading}
+                "disk_full_episodes": self._stall.episodes,
+                "exhausted": not self._requeued and not self._reading and not self._stall,
+                # a full disk shows as a source that is not there (status, the gauge)
+                **({"state": "disk full", "last_error": self._stall.error}
+                   if self._stall else {})}
 
     # -- files: discovery, records, moving aside ----------------------------------------------
     def _owns(self, name: str) -> bool:
@@ -408,18 +432,31 @@ class SpoolSource(Source):
             fs.eof = False
             self._reading.append(fs)
             return
+        if fs.name in self._finishing:
+            return
+        self._finishing.add(fs.name)
+        self._stall.run(f"move finished {fs.name} to {self.done_dir}",
+                        lambda: self._move_done(fs))
+
+    def _move_done(self, fs: SpoolFile) -> None:
+        """The move of :meth:`_finish`; a full disk raises (held and retried, nothing
+        changed), any other error leaves the file where it is."""
         try:
             if fs.record_fd is not None or os.path.exists(fs.record_path):
                 self._append_record(fs, DONE_MARK + "\n")
             os.makedirs(self.done_dir, exist_ok=True)
             target = move_aside(fs.path, self.done_dir, fs.name)
         except OSError as exc:
+            if is_full(exc):
+                raise
+            self._finishing.discard(fs.name)
             self._reader.file_errors += 1
             log.error("spool: cannot move finished %s to %s: %s; leaving it (its lines are "
                       "recorded as settled)", fs.path, self.done_dir, exc)
             self._ignored.add(fs.name)
             self._forget(fs, remove_record=False)
             return
+        self._finishing.discard(fs.name)
         log.info("spool: %s finished; moved to %s", fs.name, target)
         self.files_done += 1
         self._forget(fs, remove_record=True)
