@@ -37,6 +37,9 @@ MAX_REQUEST = 64 * 1024
 MAX_WAITING = 64
 #: at most one line per this many seconds about dropped clients
 DROP_LOG_INTERVAL = 60.0
+#: verbs that change nothing, whose answer is shared by requests this close together
+SHARED = frozenset({"status"})
+SHARED_FOR = 0.2
 
 
 class _Drops:
@@ -58,6 +61,40 @@ class _Drops:
                         ", ".join(f"{n} {w}" for w, n in sorted(self.counts.items())))
 
 
+class _Answers:
+    """Read-only answers shared by requests within :data:`SHARED_FOR` seconds.
+
+    A ``status`` costs the daemon about 2 ms of CPU (the tree, the board, psutil for each
+    child, the JSON); a client asking 1,000 times a second would take a whole core from
+    the loop that also runs the hub and the supervisors.  The stages report once a
+    second, so an answer a fifth of a second old is as fresh as a new one; any other verb
+    (a restart, a reload...) drops what is kept, so a ``status`` after it sees its
+    effect."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, tuple[float, bytes]] = {}
+
+    async def answer(self, request: dict, handler: Handler) -> bytes:
+        import time
+
+        key = json.dumps(request, sort_keys=True) if request.get("cmd") in SHARED else None
+        now = time.monotonic()
+        if key is not None:
+            kept = self._kept.get(key)
+            if kept is not None and now - kept[0] < SHARED_FOR:
+                return kept[1]
+        else:
+            self._kept.clear()
+        try:
+            reply = await handler(request)
+        except Exception as exc:
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        data = json.dumps(reply).encode() + b"\n"
+        if key is not None and reply.get("ok"):
+            self._kept[key] = (now, data)
+        return data
+
+
 async def serve(path: str, handler: Handler) -> asyncio.AbstractServer:
     """Serve ``path``; each connection is one request, read within :data:`READ_TIMEOUT`
     and answered within :data:`WRITE_TIMEOUT` (the handler itself may take as long as
@@ -65,12 +102,14 @@ async def serve(path: str, handler: Handler) -> asyncio.AbstractServer:
     JSON object or is too long, or one that does not read its answer is answered with an
     error when it can be and closed; beyond :data:`MAX_WAITING` connections waiting for
     their line, each new one closes the oldest.  Nothing a client does holds up another
-    client or the loop."""
+    client or the loop, and a flood of ``status`` costs one answer per
+    :data:`SHARED_FOR` (:class:`_Answers`)."""
     import asyncio
 
     if os.path.exists(path):
         os.unlink(path)
     drops = _Drops()
+    answers = _Answers()
     waiting: dict[asyncio.StreamWriter, None] = {}    # insertion order: the oldest first
 
     async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -81,9 +120,10 @@ async def serve(path: str, handler: Handler) -> asyncio.AbstractServer:
             oldest.close()      # its readline sees EOF
         waiting[writer] = None
         try:
-            reply = await _answer(reader, handler, drops, lambda: waiting.pop(writer, None))
+            reply = await _answer(reader, handler, drops, answers,
+                                  lambda: waiting.pop(writer, None))
             if reply:
-                writer.write(json.dumps(reply).encode() + b"\n")
+                writer.write(reply)
                 await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT)
         except TimeoutError:
             drops.drop("not reading their answer")
@@ -103,36 +143,37 @@ async def serve(path: str, handler: Handler) -> asyncio.AbstractServer:
     return server
 
 
+def _error(text: str) -> bytes:
+    return json.dumps({"ok": False, "error": text}).encode() + b"\n"
+
+
 async def _answer(reader: asyncio.StreamReader, handler: Handler, drops: _Drops,
-                  got_line: Callable[[], object]) -> dict:
-    """Read one request line and return the reply ({} when there is no one to answer);
-    ``got_line`` is called once the line is in (the client no longer counts as waiting)."""
+                  answers: _Answers, got_line: Callable[[], object]) -> bytes:
+    """Read one request line and return the encoded reply (b"" when there is no one to
+    answer); ``got_line`` is called once the line is in (no longer waiting)."""
     import asyncio
 
     try:
         line = await asyncio.wait_for(reader.readline(), READ_TIMEOUT)
     except TimeoutError:
         drops.drop("silent")
-        return {"ok": False, "error": f"no request within {READ_TIMEOUT:g}s"}
+        return _error(f"no request within {READ_TIMEOUT:g}s")
     except ValueError:    # LimitOverrunError: no newline within MAX_REQUEST bytes
         drops.drop("sending garbage")
-        return {"ok": False, "error": f"request longer than {MAX_REQUEST} bytes"}
+        return _error(f"request longer than {MAX_REQUEST} bytes")
     except ConnectionError:
-        return {}
+        return b""
     got_line()
     if not line.strip():
-        return {}         # connected and closed (a probe), or evicted
+        return b""        # connected and closed (a probe), or evicted
     try:
         request = json.loads(line)
         if not isinstance(request, dict):
             raise ValueError("request is not a JSON object")
     except ValueError as exc:     # not UTF-8, not JSON, not an object
         drops.drop("sending garbage")
-        return {"ok": False, "error": f"bad request: {exc}"}
-    try:
-        return await handler(request)
-    except Exception as exc:
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        return _error(f"bad request: {exc}")
+    return await answers.answer(request, handler)
 
 
 def request(path: str, payload: dict, timeout: float = 30.0) -> dict[str, Any]:

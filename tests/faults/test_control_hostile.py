@@ -149,3 +149,40 @@ def test_silent_garbage_and_flooding_clients_hold_nothing_up(short_tmp: Path) ->
     lines = [ln for ln in text.splitlines() if "control socket" in ln]
     assert 1 <= len(lines) <= 2, lines      # one line a minute, not one per client
 
+
+
+def test_a_status_flood_is_answered_from_one_status_per_fifth_of_a_second(short_tmp: Path
+                                                                         ) -> None:
+    """A status costs the daemon ~2 ms of CPU (tree, board, psutil, JSON): 1,000 a second
+    would take a core from the loop that runs the hub and the supervisors.  Requests within
+    SHARED_FOR share one answer (its ``uptime`` says when it was computed); any other verb
+    drops it, so the status after a restart shows the restart."""
+    daemon, sock = start(short_tmp)
+    try:
+        t0 = time.monotonic()
+        uptimes = [control.request(sock, {"cmd": "status"}, timeout=5)["status"]["uptime"]
+                   for _ in range(300)]
+        elapsed = time.monotonic() - t0
+        computed = len(set(uptimes))
+        assert computed <= elapsed / control.SHARED_FOR + 2, (computed, elapsed)
+        before = control.request(sock, {"cmd": "status"}, timeout=5)["status"]
+        assert control.request(sock, {"cmd": "restart", "child": "producer_0"},
+                               timeout=60)["ok"]
+        after = control.request(sock, {"cmd": "status"}, timeout=5)["status"]
+        assert after["uptime"] != before["uptime"]
+
+        def restarts(s: dict) -> int:
+            stack = [s["tree"]]
+            while stack:
+                node = stack.pop()
+                if node["id"] == "producer_0":
+                    return node["restarts"]
+                stack.extend(node["children"])
+            raise AssertionError("no producer_0")
+        assert restarts(after) == restarts(before) + 1
+        os.kill(daemon.pid, signal.SIGTERM)
+        assert daemon.wait(60) == 0
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait(30)
