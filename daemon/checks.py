@@ -49,6 +49,15 @@ def check_source(config: Config) -> list[str]:
                           f"{type(exc).__name__}: {exc}") from None
 
 
+def nothing_to_read(config: Config) -> str | None:
+    """Why ``run --until-idle`` has nothing to do, when the source can tell without
+    connecting (a spool with no file to read: a second run), else None; then nothing is
+    started, not even the Spark server (:meth:`Source.nothing_to_read`)."""
+    from offbroadway.stages.sources import get_source
+
+    return get_source(config.producer.source).nothing_to_read(config.producer.options)
+
+
 def _construct_source(cls: type, config: Config) -> None:
     """Build one instance of a user's source the way a producer does (the Source API says a
     constructor only validates and stores), so a constructor that cannot be called with the

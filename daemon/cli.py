@@ -65,6 +65,14 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     config, _notes = _load(args.config, full=True)
     configure_logging(config.runtime.log_level, config.runtime.log_format, "daemon")
+    if args.until_idle:
+        from .checks import nothing_to_read
+
+        idle = nothing_to_read(config)
+        if idle:
+            print(f"{config.pipeline.name}: nothing to read: {idle}; nothing started",
+                  flush=True)
+            return 0
     import asyncio  # here: the other verbs are clients and start faster without it
 
     from .app import START_ERRORS, Daemon

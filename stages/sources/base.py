@@ -121,6 +121,14 @@ class Source(abc.ABC):
         return []
 
     @classmethod
+    def nothing_to_read(cls, options: Mapping[str, Any]) -> str | None:
+        """For ``run --until-idle``: a sentence saying why, when this source certainly has
+        nothing to deliver, so the daemon starts nothing (a Spark server takes half a
+        minute to write no rows); None otherwise, and whenever only a connection could tell
+        (the default)."""
+        return None
+
+    @classmethod
     def dead_letters(cls, options: Mapping[str, Any], *, pipeline: str,
                      state_dir: str) -> DeadLetterBox | None:
         """Where this source keeps the messages it failed, for ``offbroadway dead-letters``

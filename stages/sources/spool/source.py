@@ -112,6 +112,28 @@ class SpoolSource(Source):
 
         return SpoolDeadLetters(options, state_dir)
 
+    @classmethod
+    def nothing_to_read(cls, options: Mapping[str, Any]) -> str | None:
+        """No file in ``path`` matches ``pattern``: nothing to deliver, and nothing owed
+        either (an unsettled line lives in a file that is still there).  Says where the
+        files read before went, since that is the usual reason (a second run)."""
+        s = parse_options(options)
+        try:
+            with os.scandir(s.path) as it:
+                if any(fnmatchcase(e.name, s.pattern) and e.is_file() for e in it):
+                    return None
+            with os.scandir(s.done_dir) as it:
+                done = sum(1 for e in it if e.is_file())
+        except FileNotFoundError:
+            done = 0
+        except OSError:
+            return None
+        said = f"no file matching {s.pattern!r} in {s.path}"
+        if done:
+            said += (f"; the {done} file(s) read before were moved to {s.done_dir} "
+                     f"(move one back, or add new files, to read them)")
+        return said
+
     # -- lifecycle ----------------------------------------------------------------------------
     def open(self) -> None:
         if not os.path.isdir(self.path):
