@@ -40,6 +40,7 @@ from offbroadway.supervision import (
 )
 
 from . import control, metrics, runlock, stopbudget
+from . import outcome as outcome_mod
 from . import reactions as reactions_mod
 from . import reload as reload_mod
 from . import resize as resize_mod
@@ -75,6 +76,10 @@ def prepare_private_dir(path: str) -> None:
     if st.st_uid != os.getuid():
         raise RuntimeDirError(f"runtime dir {path} belongs to uid {st.st_uid}, not us")
 
+
+#: how long a complete drain waits for the sources' books to show nothing owed (two of the
+#: stages' report ticks)
+SETTLE_GRACE = 2.5
 
 #: what keeps a daemon from starting: one line for the operator, exit 1, nothing left behind
 START_ERRORS = (RuntimeDirError, runlock.AlreadyRunning, metrics.ListenError)
@@ -115,6 +120,8 @@ class Daemon:
         self._background: set[asyncio.Future] = set()
         #: restarts, crashes, reloads and operator verbs, for the live page (:mod:`.web`)
         self.timeline = Timeline()
+        #: the books at the end of the last drain (:meth:`outcome`)
+        self._outcome: outcome_mod.Outcome | None = None
 
     # -- wiring -----------------------------------------------------------------------------
     def _build(self) -> None:
@@ -361,8 +368,9 @@ class Daemon:
                               "source and is delivered again at the next run; exiting 1",
                               name, self.config.pipeline.shutdown_timeout)
                     self.notifier.status("drain incomplete")
-                    return 1
-                return 0
+                    return outcome_mod.EXIT_UNACKED
+                assert self._outcome is not None   # drain() took the books
+                return self._until_idle_exit(self._outcome)
         finally:
             self.notifier.stopping()
             self._announce_stop()
@@ -514,14 +522,25 @@ class Daemon:
         self._announce_stop()
         self.notifier.status("draining")
         t = self.terminator
+        began = time.monotonic()
         self.send(t.begin())
         if not await self.wait_for(lambda: t.ended, deadline):
+            # the deadline, or a third Ctrl-C: say which, and after how long it really was
+            why = ("stopped at once (third Ctrl-C)" if self._abort else
+                   f"shutdown_timeout {timeout:g}s passed")
             for line in t.expire():
-                log.warning("drain: after %.1fs, %s", timeout, line)
+                log.warning("drain: %s after %.1fs: %s", why, time.monotonic() - began, line)
         if t.phase is Phase.REQUEUED and self.until_idle and not self._stop.is_set():
             return   # not complete: run again (see _run_again)
         log.info("drain complete" if t.phase is Phase.COMPLETE else
+                 "drain cut short by a third Ctrl-C" if self._abort else
                  "drain ended at shutdown_timeout")
+        if t.phase is Phase.COMPLETE and self.until_idle:
+            # the exit code reads the books.  A source that settles through an I/O thread
+            # of its own (NATS) can still count its last acks as owed in the report that
+            # said "settled": its next report, within a tick, has them
+            await self.wait_for(lambda: not self.outcome().unacked,
+                                time.monotonic() + SETTLE_GRACE)
         for p in self.topology.producers:
             # the books of each source as its producer last reported them (the settled
             # report when it settled): what an operator checks after a stop
@@ -530,27 +549,40 @@ class Daemon:
                 log.info("%s: source %s fetched %s, acked %s, failed %s, unacked %s", p,
                          src.get("source"), src.get("fetched"), src.get("acked"),
                          src.get("failed"), src.get("unacked"))
-        self._report_output()
+        self._outcome = self.outcome()
+        for line in self._outcome.lines():
+            print(line, flush=True)
 
-    def _report_output(self) -> None:
-        """The line an operator (and the README's main job) reads at the end of a run."""
-        t = self.topology
-        acked = self.board.sum(t.producers, "acked")
-        failed = self.board.sum(t.producers, "failed")
-        name = self.config.pipeline.name
-        if self.config.spark is not None:
-            spark = self.config.spark
+    def outcome(self) -> outcome_mod.Outcome:
+        """The run's books as the stages last reported them (:mod:`.outcome`): rows
+        committed per Spark batcher (those a resize or a restart removed too), messages
+        acked and failed, and what the sources still owe."""
+        t, board = self.topology, self.board
+        written = []
+        spark = self.config.spark
+        if spark is not None:
+            stages = board.totals.stages()
             for key in self.config.batchers:
-                # those a resize removed too: what they wrote counts
                 prefix = f"batch_processor_{key}_"
-                stages = [s for s in self.board.totals.stages()
-                          if s.startswith(prefix) and s[len(prefix):].isdigit()]
-                rows = self.board.sum(stages, "out")
-                print(f"{name}: wrote {rows} rows to {spark.output}/{key} ({spark.format})",
-                      flush=True)
-        where = self.board.failed_to() if failed else ""
-        print(f"{name}: {acked} messages acked, {failed} failed"
-              + (f" (failed messages: {where})" if where else ""), flush=True)
+                bps = [s for s in stages if s.startswith(prefix) and s[len(prefix):].isdigit()]
+                written.append(outcome_mod.Written(
+                    key, board.sum([f"committer_{key}"], "out"), board.sum(bps, "out")))
+        failed = board.sum(t.producers, "failed")
+        return outcome_mod.Outcome(
+            self.config.pipeline.name, acked=board.sum(t.producers, "acked"), failed=failed,
+            unacked=sum(int(board.source(p).get("unacked") or 0) for p in t.producers),
+            failed_to=board.failed_to() if failed else "", written=written,
+            output=spark.output if spark is not None else "",
+            fmt=spark.format if spark is not None else "")
+
+    def _until_idle_exit(self, books: outcome_mod.Outcome) -> int:
+        """``--until-idle`` after a complete drain: the exit code the books call for."""
+        code, line = books.until_idle_exit()
+        if line:
+            log.error("pipeline %s: %s", self.config.pipeline.name, line)
+            self.notifier.status("messages left unacked" if code == outcome_mod.EXIT_UNACKED
+                                 else "some messages failed")
+        return code
 
     async def wait_for(self, predicate, deadline: float) -> bool:
         while not predicate():

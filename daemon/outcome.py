@@ -1,0 +1,98 @@
+"""What a run ended with: the lines an operator reads, and the exit code that says the same.
+
+The end of a run is read by people (the README's main job prints where the dataset is and
+how many rows it wrote) and by scripts (``--until-idle`` in a cron job or CI).  Both must
+get the truth, so both come from one place and from the books themselves:
+
+* **rows written** are the rows the committers committed to Spark (each committer is the
+  only writer of its dataset and counts a batch when its job committed), not the rows the
+  batch processors acked: a batch processor stopped while its commit was under way (a
+  restart, a stop) never hears the answer, yet the rows are in the dataset, and its
+  messages are written again when the source redelivers them;
+* **acked, failed, unacked** are the sources' own figures, as their producers last
+  reported them: ``unacked`` is what a source still owes (delivered, never settled), so a
+  run that ends with it above zero did not do what ``--until-idle`` promises.
+
+Exit codes of ``run --until-idle`` (docs/operations.md): 0 every message written and
+acked, 3 the run finished but some messages failed (they went to the source's failure
+policy), 1 messages are left unacked at the source (a drain past ``shutdown_timeout``, a
+source that still owes), or the pipeline gave up.  Pure: the daemon hands in the figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: every message written (or handled) and acked
+EXIT_OK = 0
+#: messages left unacked at the source, or the pipeline could not run
+EXIT_UNACKED = 1
+#: the run finished, but some messages failed (handle_failed, then the failure policy)
+EXIT_FAILED = 3
+
+
+@dataclass(frozen=True)
+class Written:
+    """One Spark batcher's rows: committed to the dataset, and acked by batch processors."""
+
+    key: str
+    committed: int
+    acked: int
+
+    @property
+    def rows(self) -> int:
+        """Rows in the dataset from this run.  Every acked row was committed first; a
+        committer's report can trail its batch processors' by a tick, never the truth."""
+        return max(self.committed, self.acked)
+
+    @property
+    def unanswered(self) -> int:
+        """Rows committed whose batch processor never acked them (it stopped before the
+        committer's answer): their messages go back to the source and are written again."""
+        return max(0, self.committed - self.acked)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    pipeline: str
+    acked: int
+    failed: int
+    unacked: int
+    #: where failed messages went (the sources' failure places), "" if unknown
+    failed_to: str = ""
+    written: list[Written] = field(default_factory=list)
+    #: with [spark]: the output and its format, for the "wrote" lines
+    output: str = ""
+    fmt: str = ""
+
+    def lines(self) -> list[str]:
+        """The run's last lines, on stdout."""
+        out = []
+        for w in self.written:
+            line = f"{self.pipeline}: wrote {w.rows} rows to {self.output}/{w.key} ({self.fmt})"
+            if w.unanswered:
+                line += (f"; {w.unanswered} of them were committed after their batch processor "
+                         "stopped waiting, so their messages were not acked by that write "
+                         "(they are written again when redelivered; message_id tells them)")
+            out.append(line)
+        line = f"{self.pipeline}: {self.acked} messages acked, {self.failed} failed"
+        if self.failed and self.failed_to:
+            line += f" (failed messages: {self.failed_to})"
+        if self.unacked:
+            line += f", {self.unacked} left unacked at the source (delivered again next run)"
+        out.append(line)
+        return out
+
+    def until_idle_exit(self) -> tuple[int, str]:
+        """``--until-idle``'s exit code for a drain that ended, and the line that says why
+        (empty for 0)."""
+        if self.unacked:
+            return EXIT_UNACKED, (f"--until-idle: {self.unacked} message(s) left unacked at "
+                                  "the source (they are delivered again at the next run); "
+                                  f"exiting {EXIT_UNACKED}")
+        if self.failed:
+            return EXIT_FAILED, (f"--until-idle: every message settled, {self.failed} of them "
+                                 "failed" + (f" (failed messages: {self.failed_to})"
+                                             if self.failed_to else "")
+                                 + f"; exiting {EXIT_FAILED}")
+        return EXIT_OK, ""
