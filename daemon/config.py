@@ -90,6 +90,8 @@ class ProcessorConfig:
     heartbeat_timeout: float | None = 30.0
     memory_limit: int | None = None
     max_crashes: int = DEFAULT_MAX_CRASHES
+    #: one callback call running longer fails its message (None: no bound)
+    message_timeout: float | None = None
 
 
 @dataclass(frozen=True)
@@ -277,7 +279,8 @@ def _processors(t: _Table) -> dict[str, ProcessorConfig]:
         partition_by=p.get("partition_by", str),
         heartbeat_timeout=_optional_duration(p, "heartbeat_timeout", 30.0),
         memory_limit=_size(p, "memory_limit"),
-        max_crashes=p.get("max_crashes", int, DEFAULT_MAX_CRASHES, check=_non_negative))
+        max_crashes=p.get("max_crashes", int, DEFAULT_MAX_CRASHES, check=_non_negative),
+        message_timeout=_optional_duration(p, "message_timeout", None))
     p.done()
     t.done()
     return out

@@ -199,7 +199,8 @@ def build(config: Config, *, stage_env: Callable[[str], dict[str, str]] | None =
         worker(StageSpec(id=cid, role="processor", index=i, upstream=tuple(topo.producers),
                          producers=tuple(topo.producers), max_demand=proc.max_demand,
                          min_demand=proc.min_demand, batchers=batcher_keys,
-                         partition_by=proc.partition_by, **base),
+                         partition_by=proc.partition_by,
+                         message_timeout=proc.message_timeout, **base),
                heartbeat=proc.heartbeat_timeout, memory=proc.memory_limit)
         for i, cid in enumerate(topo.processors)]
 

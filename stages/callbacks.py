@@ -19,8 +19,17 @@ from offbroadway.message import DISCARD
 
 from .spec import PROCESSOR_KEY
 
-#: what a callback can raise that fails its messages: any Exception, and SystemExit
-CALLBACK_ERRORS = (Exception, SystemExit)
+
+
+class MessageTimeout(BaseException):
+    """A callback call ran past ``message_timeout``: raised inside it by the stage's
+    liveness thread (:mod:`.liveness`).  Not an ``Exception``, so that a handler's own
+    ``except Exception`` around a slow call does not swallow it."""
+
+
+#: what a callback can raise that fails its messages: any Exception, SystemExit, and the
+#: deadline of one call
+CALLBACK_ERRORS = (Exception, SystemExit, MessageTimeout)
 #: the base class's pass-through: it cannot kill a process, so no frame record before it
 _BASE_PREPARE = Pipeline.prepare_messages
 

@@ -57,6 +57,9 @@ class StageSpec:
     spark: dict | None = None
     # batch processor: the stage id of its batcher's committer (Spark only)
     committer: str = ""
+    # processor: seconds one callback call may run before it fails its message (None: no
+    # bound; see :mod:`.liveness`)
+    message_timeout: float | None = None
 
     def to_env(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

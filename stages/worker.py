@@ -14,6 +14,7 @@ import sys
 from offbroadway.supervision.child import guard_descendants, kill_descendants
 
 from . import logs
+from .liveness import Liveness
 from .sources.base import EXIT_SOURCE_REFUSED, SourceError
 from .spec import StageSpec
 
@@ -46,6 +47,8 @@ def main() -> int:
     logs.configure(os.environ.get(logs.LEVEL_ENV, "info"),
                    os.environ.get(logs.FORMAT_ENV, "text"), spec.id)
     stage = _role(spec.role)(spec)
+    # a long callback is not a hung process: this thread beats while one runs
+    Liveness(spec.id, spec.message_timeout).start()
     # Everything imported and built so far lives as long as the process: keep it out of
     # the collector's generations, which otherwise rescan it on the hot path.
     gc.freeze()
