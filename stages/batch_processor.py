@@ -232,7 +232,7 @@ class _SparkHandoff:
                     for m in rows:
                         if m.status is None:
                             m.status = error
-                stage.metrics.observe("spark_write", time.perf_counter() - t0,
+                stage.metrics.observe("spark_wait", time.perf_counter() - t0,
                                       stage.spec.batcher)
                 stage.finish(up, messages, rows)
                 stage._maybe_done()

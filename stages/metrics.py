@@ -8,9 +8,18 @@ prometheus-client is not even imported.
 Counters are not incremented on the message hot path: the stage keeps plain integer
 counters and :meth:`StageMetrics.flush` adds their deltas once per tick (about a second).
 Counter files of dead processes are kept by multiprocess mode, so a restarted stage does
-not reset the totals an operator sees.  Histogram observations (one per frame or batch)
-are accumulated the same way, as bucket counts and a sum in plain Python, and published
-per tick: prometheus-client checks the pid and writes its mmap on every call.
+not reset the totals an operator sees.  Histogram observations (one per frame or batch,
+each standing for ``count`` items) are accumulated the same way, as bucket counts and a
+sum in plain Python, and published per tick: prometheus-client checks the pid and writes
+its mmap on every call.
+
+So that a plain ``sum()`` means something, a stage exports only the counts its role owns
+(:func:`counter_for`): the acked and failed messages are the sources' books, exported by
+producers alone (every stage that acks or fails a message counts it too, for ``status``,
+and summing those double-counted); the stages that fail messages say so in
+``stage_failed_messages_total``.  A series is created when its role first counts it, so no
+role exports a zero it can never move.  Every series names its child with the label
+``child``, as the tree's own metrics do.
 """
 
 from __future__ import annotations
@@ -23,12 +32,10 @@ from typing import Any
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
-#: stage counter name -> (metric name, help)
+#: stage counter name -> (metric name, help), for every role that counts it
 COUNTERS = {
     "in": ("offbroadway_messages_received_total", "Messages a stage received."),
     "out": ("offbroadway_messages_processed_total", "Messages a stage handled and passed on."),
-    "failed": ("offbroadway_messages_failed_total", "Messages failed (handler or source)."),
-    "acked": ("offbroadway_messages_acked_total", "Messages acknowledged."),
     "requeued": ("offbroadway_messages_requeued_total",
                  "In-flight messages handed back to the source after a downstream exit."),
     "poison_strikes": ("offbroadway_poison_strikes_total",
@@ -38,6 +45,31 @@ COUNTERS = {
     "malformed": ("offbroadway_malformed_frames_total", "Frames dropped as malformed."),
     "batches": ("offbroadway_batches_total", "Batches emitted or handled."),
 }
+#: the sources' books: the producers' counts alone (one role owns each count)
+SOURCE_COUNTERS = {
+    "acked": ("offbroadway_messages_acked_total", "Messages acknowledged at their source."),
+    "failed": ("offbroadway_messages_failed_total",
+               "Messages settled as failed at their source (its failure policy)."),
+}
+#: where messages fail: the stages that run callbacks and hand failures to handle_failed
+STAGE_FAILED = ("offbroadway_stage_failed_messages_total",
+                "Messages a stage failed and handed to handle_failed.")
+#: roles whose ``failed`` count is :data:`STAGE_FAILED` (a committer's failed rows are
+#: failed again, and counted, by the batch processor that handed them over)
+FAILING_ROLES = frozenset({"processor", "batch_processor"})
+
+
+def counter_for(role: str, key: str) -> tuple[str, str] | None:
+    """The metric (name, help) a ``role``'s counter ``key`` is exported as, or None."""
+    if key in SOURCE_COUNTERS:
+        if role == "producer":
+            return SOURCE_COUNTERS[key]
+        if key == "failed" and role in FAILING_ROLES:
+            return STAGE_FAILED
+        return None
+    return COUNTERS.get(key)
+
+
 #: stage gauge name -> (metric name, help)
 GAUGES = {
     "demand": ("offbroadway_demand_outstanding", "Demand consumers have placed and not yet met."),
@@ -49,25 +81,30 @@ GAUGES = {
 }
 HISTOGRAMS = {
     "handle_message": ("offbroadway_handle_message_seconds",
-                       "handle_message time per message (mean over each frame).",
-                       (0.00001, 0.0001, 0.001, 0.01, 0.1, 0.5, 1, 5)),
+                       "handle_message time per message (each message of a frame observed "
+                       "at the frame's mean).",
+                       (0.00001, 0.0001, 0.001, 0.01, 0.1, 0.5, 1, 5, 30)),
     "handle_batch": ("offbroadway_handle_batch_seconds", "handle_batch time per batch.",
                      (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)),
     "spark_write": ("offbroadway_spark_write_seconds",
-                    "Spark commit time: per job (committer) and per batch from hand-off to "
-                    "answer (batch processor).",
+                    "Time of one Spark job (a group commit), retries included (committer).",
                     (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)),
+    "spark_wait": ("offbroadway_spark_batch_wait_seconds",
+                   "Per batch, from the hand-off to the committer to its answer (batch "
+                   "processor).",
+                   (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)),
     "spark_commit_rows": ("offbroadway_spark_commit_rows", "Rows per Spark job (group commit).",
                           (1000, 5000, 10000, 25000, 50000, 100000, 200000, 500000)),
     "batch_size": ("offbroadway_batch_size_messages", "Messages per batch.",
                    (1, 10, 100, 500, 1000, 2000, 5000, 10000, 50000, 100000)),
 }
-LABELS = ("pipeline", "stage", "role")
+LABELS = ("pipeline", "child", "role")
 
 
 class StageMetrics:
     def __init__(self, pipeline: str, stage: str, role: str) -> None:
         self.enabled = bool(os.environ.get(MULTIPROC_ENV))
+        self.role = role
         self._last: dict[str, int] = {}
         #: (name, batcher) -> (count per bucket, [sum]) since the last flush
         self._pending: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
@@ -77,49 +114,81 @@ class StageMetrics:
         from prometheus_client import Counter, Gauge, Histogram
 
         labels = (pipeline, stage, role)
-        with _private_files():     # .labels() creates this process's mmap files
-            self._counters = {k: Counter(n[: -len("_total")], h, LABELS).labels(*labels)
-                              for k, (n, h) in COUNTERS.items()}
-            self._gauges = {k: Gauge(n, h, LABELS, multiprocess_mode="livesum").labels(*labels)
-                            for k, (n, h) in GAUGES.items()}
+        #: counter key -> its series, made when the role first counts it (:meth:`flush`)
+        self._counters: dict[str, Any] = {}
+        self._counter_cls = Counter
+        #: gauge key -> its series, made when the stage first reports the figure (a
+        #: processor has no source to be connected: it exports no source_connected 0)
+        self._gauges: dict[str, Any] = {}
+        self._gauge_families = {k: Gauge(n, h, LABELS, multiprocess_mode="livesum")
+                                for k, (n, h) in GAUGES.items()}
         self._histograms: dict[Any, Any] = {}
         self._hist_defs = HISTOGRAMS
         #: finite bucket bounds per histogram (the last bucket, +Inf, is implicit)
         self._bounds = {k: list(b) for k, (_, _, b) in HISTOGRAMS.items()}
         self._labels = labels
         self._hist_cls = Histogram
+        self._counter_families: dict[str, Any] = {}
+        if role == "producer":
+            # the sources' books exist from the start, at 0: a failure ratio or a stall
+            # query reads them whether or not anything has failed yet
+            for key in SOURCE_COUNTERS:
+                self._counter(key)
 
     def flush(self, counters: dict[str, int], gauges: dict[str, Any]) -> None:
         """Publish counter deltas since the last flush, the current gauge values, and the
         histogram observations accumulated since the last flush (once per tick)."""
         if not self.enabled:
             return
-        for key, counter in self._counters.items():
-            value = counters.get(key, 0)
+        for key, value in counters.items():
             delta = value - self._last.get(key, 0)
             if delta > 0:
-                counter.inc(delta)
+                counter = (self._counters[key] if key in self._counters
+                           else self._counter(key))
+                if counter is not None:
+                    counter.inc(delta)
             self._last[key] = value
-        for key, gauge in self._gauges.items():
+        for key, family in self._gauge_families.items():
             value = gauges.get(key)
             if isinstance(value, (int, float)):
+                gauge = self._gauges.get(key)
+                if gauge is None:
+                    with _private_files():     # .labels() creates this process's mmap file
+                        gauge = self._gauges[key] = family.labels(*self._labels)
                 gauge.set(value)
         if self._pending:
             pending, self._pending = self._pending, {}
             for (name, batcher), (counts, total) in pending.items():
                 self._publish(self._histogram(name, batcher), counts, total)
 
-    def observe(self, name: str, value: float, batcher: str = "") -> None:
-        """Count one observation in plain Python (a bucket count and a sum): the
-        prometheus-client call, which checks the pid and writes the mmap file on every
-        observe, happens once per tick in :meth:`flush`."""
+    def _counter(self, key: str) -> Any:
+        """The series of counter ``key`` for this role (None: the role does not export
+        it), made on its first count."""
+        metric = counter_for(self.role, key)
+        if metric is None:
+            self._counters[key] = None
+            return None
+        name, help_text = metric
+        family = self._counter_families.get(name)
+        if family is None:
+            family = self._counter_families[name] = self._counter_cls(
+                name[: -len("_total")], help_text, LABELS)
+        with _private_files():
+            counter = self._counters[key] = family.labels(*self._labels)
+        return counter
+
+    def observe(self, name: str, value: float, batcher: str = "", count: int = 1) -> None:
+        """Count ``count`` observations of ``value`` in plain Python (bucket counts and a
+        sum): the prometheus-client call, which checks the pid and writes the mmap file
+        on every observe, happens once per tick in :meth:`flush`.  ``count`` lets a frame
+        stand for its messages (each observed at the frame's mean)."""
         if not self.enabled:
             return
         acc = self._pending.get((name, batcher))
         if acc is None:
             acc = self._pending[(name, batcher)] = ([0] * (len(self._bounds[name]) + 1), [0.0])
-        acc[0][bisect_left(self._bounds[name], value)] += 1
-        acc[1][0] += value
+        acc[0][bisect_left(self._bounds[name], value)] += count
+        acc[1][0] += value * count
 
     def _histogram(self, name: str, batcher: str) -> Any:
         hist = self._histograms.get((name, batcher))

@@ -151,7 +151,8 @@ class ProcessorStage(Stage):
         started = time.perf_counter()
         done, failed, discarded = callbacks.process(self.handler, messages, self.context,
                                                     self.batchers, self.blame)
-        self.metrics.observe("handle_message", (time.perf_counter() - started) / len(events))
+        self.metrics.observe("handle_message", (time.perf_counter() - started) / len(events),
+                             count=len(events))
         if self.batchers:
             if failed or discarded:
                 # discarded (Message.discard): acked now, as done; they go to no batcher

@@ -77,7 +77,7 @@ def run_outage(short_tmp: Path, source: str, options: dict, handler: str, publis
             body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
         except OSError:
             return None
-        m = re.search(r'^offbroadway_source_connected\{[^}]*stage="producer_0"[^}]*\} (\S+)$',
+        m = re.search(r'^offbroadway_source_connected\{[^}]*child="producer_0"[^}]*\} (\S+)$',
                       body.decode(), re.M)
         return float(m.group(1)) if m else None
     log = short_tmp / "daemon.log"

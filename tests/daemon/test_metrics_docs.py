@@ -5,7 +5,13 @@ from __future__ import annotations
 import json
 import re
 
-from offbroadway.stages.metrics import COUNTERS, GAUGES, HISTOGRAMS
+from offbroadway.stages.metrics import (
+    COUNTERS,
+    GAUGES,
+    HISTOGRAMS,
+    SOURCE_COUNTERS,
+    STAGE_FAILED,
+)
 
 from tests.conftest import REPO
 
@@ -17,7 +23,8 @@ DAEMON_METRICS = {"offbroadway_child_up", "offbroadway_child_restarts_total",
 
 
 def exported() -> set[str]:
-    names = {n for n, _ in COUNTERS.values()} | {n for n, _ in GAUGES.values()}
+    names = {n for n, _ in (*COUNTERS.values(), *SOURCE_COUNTERS.values(), STAGE_FAILED,
+                            *GAUGES.values())}
     for name, _help, _buckets in HISTOGRAMS.values():
         names |= {name, f"{name}_bucket", f"{name}_sum", f"{name}_count"}
     return names | DAEMON_METRICS
