@@ -69,10 +69,25 @@ def test_counts_have_one_owner_one_child_label_and_per_message_histograms(short_
                        for n in walk(status(sock)["tree"]) if n["id"].startswith("producer_"))
 
         wait_until(lambda: settled() == N, timeout=60, message="every message settled")
-        # stages publish once a tick: wait until the books are in /metrics
-        samples = wait_until(
-            lambda: (s := scrape(port)) and total(s, "offbroadway_messages_acked_total")
-            >= N - failing and s, timeout=15, interval=0.3, message="the acks in /metrics")
+        # stages publish once a tick: wait until every stage's last counts are in /metrics
+        # (a deadline: books that never add up fail the test with what they said)
+        books: dict[str, float] = {}
+
+        def add_up() -> dict | None:
+            s = scrape(port)
+            books.update({
+                "acked": total(s, "offbroadway_messages_acked_total"),
+                "failed": total(s, "offbroadway_messages_failed_total"),
+                "stage_failed": total(s, "offbroadway_stage_failed_messages_total"),
+                "handled": total(s, "offbroadway_handle_message_seconds_count")})
+            want = {"acked": N - failing, "failed": failing, "stage_failed": failing,
+                    "handled": N}
+            return s if books == want else None
+
+        try:
+            samples = wait_until(add_up, timeout=20, interval=0.3, message="the books")
+        except AssertionError:
+            raise AssertionError(f"/metrics says {books}") from None
 
         # one owner: a plain sum is the number of messages, and only producers export them
         assert total(samples, "offbroadway_messages_acked_total") == N - failing
