@@ -568,10 +568,14 @@ class Daemon:
                 written.append(outcome_mod.Written(
                     key, board.sum([f"committer_{key}"], "out"), board.sum(bps, "out")))
         failed = board.sum(t.producers, "failed")
+        retried = sum(int(board.source(p).get("failure_requeued",
+                                               board.source(p).get("naked", 0)) or 0)
+                      for p in t.producers)
         return outcome_mod.Outcome(
             self.config.pipeline.name, acked=board.sum(t.producers, "acked"), failed=failed,
             unacked=sum(int(board.source(p).get("unacked") or 0) for p in t.producers),
-            failed_to=board.failed_to() if failed else "", written=written,
+            failed_to=board.failed_to() if failed else "", failures_retried=retried,
+            written=written,
             output=spark.output if spark is not None else "",
             fmt=spark.format if spark is not None else "")
 

@@ -11,7 +11,9 @@ get the truth, so both come from one place and from the books themselves:
   messages are written again when the source redelivers them;
 * **acked, failed, unacked** are the sources' own figures, as their producers last
   reported them: ``unacked`` is what a source still owes (delivered, never settled), so a
-  run that ends with it above zero did not do what ``--until-idle`` promises.
+  run that ends with it above zero did not do what ``--until-idle`` promises; a failure
+  the source's policy handed back for another delivery (its ``failure_requeued``, NATS's
+  ``naked``) is not the end of that message: only the others make the exit code 3.
 
 Exit codes of ``run --until-idle`` (docs/operations.md): 0 every message written and
 acked, 3 the run finished but some messages failed (they went to the source's failure
@@ -60,6 +62,9 @@ class Outcome:
     unacked: int
     #: where failed messages went (the sources' failure places), "" if unknown
     failed_to: str = ""
+    #: failures the source's policy handed back for another delivery (RabbitMQ's
+    #: ``reject_and_requeue``, a NATS ``nak``): not the end of those messages
+    failures_retried: int = 0
     written: list[Written] = field(default_factory=list)
     #: with [spark]: the output and its format, for the "wrote" lines
     output: str = ""
@@ -90,8 +95,9 @@ class Outcome:
             return EXIT_UNACKED, (f"--until-idle: {self.unacked} message(s) left unacked at "
                                   "the source (they are delivered again at the next run); "
                                   f"exiting {EXIT_UNACKED}")
-        if self.failed:
-            return EXIT_FAILED, (f"--until-idle: every message settled, {self.failed} of them "
+        final = self.failed - self.failures_retried
+        if final > 0:
+            return EXIT_FAILED, (f"--until-idle: every message settled, {final} of them "
                                  "failed" + (f" (failed messages: {self.failed_to})"
                                              if self.failed_to else "")
                                  + f"; exiting {EXIT_FAILED}")

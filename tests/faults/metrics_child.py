@@ -15,7 +15,7 @@ def child(i: int) -> None:
     m = StageMetrics("p", f"processor_default_{i % 3}", "processor")
     for value in range(i % 5 + 1):            # i % 5 + 1 observations of batch_size i
         m.observe("batch_size", float(i))
-    m.flush({"in": i + 1, "out": i, "acked": 2 * i}, {"demand": 7, "buffered": i})
+    m.flush({"in": i + 1, "out": i, "failed": 2 * i}, {"demand": 7, "buffered": i})
     os._exit(0)
 
 

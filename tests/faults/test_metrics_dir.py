@@ -40,7 +40,7 @@ def scrape(port: int) -> dict[tuple[str, str], float]:
         m = re.match(r'^(offbroadway_[a-z_]+)\{([^}]*)\} (\S+)$', line)
         if m is None or m[1].startswith(("offbroadway_child_", "offbroadway_rate_limit")):
             continue
-        stage = re.search(r'stage="([^"]*)"', m[2])
+        stage = re.search(r'child="([^"]*)"', m[2])
         le = re.search(r'(?:^|,)le="([^"]*)"', m[2])
         key = m[1] + (f"[le={le[1]}]" if le else "")
         out[(key, stage[1] if stage else "")] += float(m[3])
@@ -117,13 +117,13 @@ def test_dead_processes_are_folded_into_archives_and_the_sums_hold(tmp_path: Pat
         for s in family.samples:
             if s.name.endswith("_bucket"):
                 continue
-            got[(s.name, s.labels.get("stage", ""))] += s.value
+            got[(s.name, s.labels.get("child", ""))] += s.value
     want: dict[tuple[str, str], float] = defaultdict(float)
     for i in range(n):
         stage = f"processor_default_{i % 3}"
         want[("offbroadway_messages_received_total", stage)] += i + 1
         want[("offbroadway_messages_processed_total", stage)] += i
-        want[("offbroadway_messages_acked_total", stage)] += 2 * i
+        want[("offbroadway_stage_failed_messages_total", stage)] += 2 * i
         want[("offbroadway_batch_size_messages_count", stage)] += i % 5 + 1
         want[("offbroadway_batch_size_messages_sum", stage)] += i * (i % 5 + 1)
     for key, value in want.items():
