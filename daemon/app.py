@@ -96,6 +96,9 @@ class Daemon:
     def __init__(self, config: Config, *, until_idle: bool = False,
                  notifier: Notifier | None = None) -> None:
         self.config = config
+        #: the config file as last read (``config`` is the running one: a ``scale``
+        #: changes it, not the file); a reload compares the file with this
+        self.file_config = config
         self.until_idle = until_idle
         self.notifier = notifier or Notifier()
         #: the control socket's verbs (offbroadway status, stop, restart, drain...)
@@ -175,7 +178,9 @@ class Daemon:
         from .config import ConfigError, load_config
 
         try:
-            new = load_config(self.config.path).config
+            from_file = load_config(self.config.path).config
+            # a live `scale` outlives a reload that did not change that key in the file
+            new = reload_mod.keep_live(self.file_config, from_file, self.config)
             changes = reload_mod.plan(self.config, new)
         except (ConfigError, reload_mod.ReloadRefused) as exc:
             log.error("%s refused: %s", why, exc)
@@ -210,7 +215,9 @@ class Daemon:
             done = await self.resizer.resize(new, why)
             if not done["ok"]:
                 return {"ok": False, "error": f"reload: {done['error']}"}
+            self.file_config = from_file
         else:
+            self.file_config = from_file
             self.config = new
             # stages restarted from now on start with the new values
             fresh = topo_mod.build(new, spark_settings=self._spark_settings)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,22 @@ if TYPE_CHECKING:
 log = logging.getLogger("offbroadway.daemon")
 
 Answer = dict
+
+#: how long ``restart`` waits for the producers' reports of their requeue (a tick and a half)
+REPORT_WAIT = 1.5
+
+
+def _worker_pids(tree: dict) -> dict[str, int | None]:
+    """Worker id -> pid in a tree snapshot (a restarted worker has a new pid)."""
+    return {n["id"]: n.get("pid") for n in nodes(tree) if n["kind"] == "worker"
+            and n["id"] != TERMINATOR}
+
+
+def _restarted(child_id: str, restarted: list[str], requeued: int) -> str:
+    """What ``offbroadway restart`` did, in one line."""
+    cascade = "" if restarted == [child_id] else f" (the cascade of {child_id})"
+    return (f"restarted {', '.join(restarted) or 'nothing'}{cascade}; {requeued} in-flight "
+            f"message{'' if requeued == 1 else 's'} requeued at the source")
 
 
 class Operator:
@@ -70,11 +87,28 @@ class Operator:
                     f"removes it); nothing to restart"}
         # the same cascade as a crash of child_id (a processor's restart goes through
         # ProcessorSupervisor, so the batchers restart too), with one requeue
+        before = _worker_pids(d.root.snapshot())
+        producers = d.topology.producers
+        requeued = {p: d.board.totals.total(p, "requeued") for p in producers}
+        held = {p: int(d.board.stats.get(p, {}).get("inflight") or 0) for p in producers}
         try:
             await d.root.restart_subtree_or_child(d.reactions.operator_restart(child_id))
         except SupervisionError as exc:   # stopping, or a supervisor already gave up
             return {"ok": False, "error": f"cannot restart {child_id}: {exc}"}
-        return {"ok": True}
+        after = _worker_pids(d.root.snapshot())
+        restarted = [w for w, pid in after.items() if w in before and pid != before[w]]
+        # the requeue went out with the cascade's Restarting; each live producer's next
+        # report, a tick at most after the restart, has handed it back
+        done = time.time()
+        live = [p for p in producers if p not in restarted]
+        await d.wait_for(lambda: all(d.board.stats.get(p, {}).get("at", 0) > done
+                                     for p in live), time.monotonic() + REPORT_WAIT)
+        handed = sum(d.board.totals.total(p, "requeued") - requeued[p] for p in live)
+        # a restarted producer's source takes back what it had in flight itself
+        handed += sum(held[p] for p in producers if p in restarted)
+        message = _restarted(child_id, restarted, handed)
+        log.info("offbroadway restart: %s", message)
+        return {"ok": True, "message": message, "restarted": restarted, "requeued": handed}
 
     async def drain(self, req: dict) -> Answer:
         if self.paused:

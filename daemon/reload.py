@@ -70,6 +70,26 @@ def _refuse(key: str, old: Any, new: Any) -> ReloadRefused:
                          f"changed")
 
 
+def keep_live(file_before: Config, file_now: Config, running: Config) -> Config:
+    """The config a reload applies: the file's, except the concurrencies the file did not
+    change since it was last read, which keep their running values.  ``offbroadway scale``
+    changes the running shape and not the file; a reload for an unrelated key (a log
+    level) must not undo it, while a reload that changed that key in the file applies the
+    file's value."""
+    procs = dict(file_now.processors)
+    now, was = file_now.processors[PROCESSOR_KEY], file_before.processors[PROCESSOR_KEY]
+    if now.concurrency == was.concurrency:
+        procs[PROCESSOR_KEY] = dataclasses.replace(
+            now, concurrency=running.processors[PROCESSOR_KEY].concurrency)
+    batchers = {}
+    for key, b in file_now.batchers.items():
+        if key in file_before.batchers and key in running.batchers \
+                and b.concurrency == file_before.batchers[key].concurrency:
+            b = dataclasses.replace(b, concurrency=running.batchers[key].concurrency)
+        batchers[key] = b
+    return dataclasses.replace(file_now, processors=procs, batchers=batchers)
+
+
 def plan(old: Config, new: Config) -> Plan:
     """The live changes from ``old`` to ``new``, or :class:`ReloadRefused` naming the first
     key that differs and cannot change live."""
