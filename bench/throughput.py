@@ -47,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -152,9 +153,12 @@ def lean_run(path: Path, messages: int) -> dict:
 
 
 def daemon_run(messages: int, payload_bytes: int, dispatcher: str, producers: int = 1,
-               max_demand: int | None = None, listen: str = "") -> dict:
+               max_demand: int | None = None, listen: str = "",
+               beside: Callable[[Path], Callable[[], dict]] | None = None) -> dict:
     """One run of the pipeline to its end; ``listen``: the metrics listener (and live
-    page), off by default (bench/page_cost.py turns it on)."""
+    page), off by default (bench/page_cost.py turns it on).  ``beside`` is started with
+    the run's directory once the daemon is (bench/neighbours.py starts its hostile
+    clients there) and returns what ends it, whose figures go in the result."""
     tmp = Path(tempfile.mkdtemp(prefix="obd-", dir="/tmp"))
     (tmp / "bench_noop.py").write_text(NOOP_HANDLER)
     demand = "" if max_demand is None else f"max_demand = {max_demand}\n"
@@ -179,6 +183,7 @@ concurrency = 2
 """ + sink_and_runtime(tmp, listen))
     daemon = start_daemon(tmp, config, "--until-idle", stdout=subprocess.DEVNULL)
     sock = str(tmp / "run" / "control.sock")
+    end_beside = beside(tmp) if beside is not None else None
 
     first: tuple[float, int, dict] | None = None
     last: tuple[float, int, dict] = (time.perf_counter(), 0, {})
@@ -197,6 +202,7 @@ concurrency = 2
             last = (now, acked, dict(cpu))
         peak = max(peak, _tree_pss([daemon.pid]))
     err = daemon.stderr.read() if daemon.stderr else ""
+    beside_figures = end_beside() if end_beside is not None else None
     shutil.rmtree(tmp, ignore_errors=True)
     if daemon.returncode != 0 or first is None or last[1] <= first[1]:
         raise SystemExit(f"daemon failed ({daemon.returncode}):\n{err[-3000:]}")
@@ -221,7 +227,8 @@ concurrency = 2
             "cpu_us_per_message": {r: round(cpu_us.get(r, 0.0), 2) for r in ROLES},
             "io_threads_us_per_message": {r: round(io_us.get(r, 0.0), 2) for r in ROLES},
             "cpu_us_per_message_total": round(sum(cpu_us.values()), 2),
-            "kernel_us_per_message": round(sys_us, 2)}
+            "kernel_us_per_message": round(sys_us, 2),
+            **({"beside": beside_figures} if beside_figures is not None else {})}
 
 
 
