@@ -1,6 +1,6 @@
 """Hostile neighbours: does a flood of ``status`` calls and fast scrapes slow the pipeline?
 
-    .venv/bin/python bench/neighbours.py [--messages 1000000] [--repeat 5]
+    .venv/bin/python bench/neighbours.py [--messages 2000000] [--repeat 5]
         [--status-rate 1000] [--scrape-every 0.1]
 
 Each round runs bench/throughput.py's pipeline (generator → 2 processors → batcher →
@@ -8,7 +8,8 @@ batch processor, handlers that do nothing, metrics listener on) twice: once quie
 with neighbours: ``--status-rate`` ``status`` requests per second on the control socket
 (two client processes, each paced to half) and a ``/metrics`` scrape every
 ``--scrape-every`` seconds (a third process), from the moment the daemon starts until it
-exits.  The order alternates every round, so the machine's load (shared with other work)
+exits (the clients are started a second before it, so their own start-up is not counted;
+the rate is the daemon's from its first ack to its last, as throughput.py measures it).  The order alternates every round, so the machine's load (shared with other work)
 hits both alike.  It prints each run's rate, what the neighbours achieved (requests per
 second answered, failures, the slowest answer), and the medians and their ratio.
 
@@ -40,7 +41,8 @@ CLIENT = r'''
 import json, select, sys, time, urllib.request
 from offbroadway.daemon import control
 
-kind, target, pace = sys.argv[1], sys.argv[2], float(sys.argv[3])
+kind, pace = sys.argv[1], float(sys.argv[2])
+target = sys.stdin.readline().strip()      # started before the daemon: told where it is
 ok = failed = 0
 slowest = 0.0
 t0 = time.monotonic()
@@ -70,18 +72,24 @@ print(json.dumps({"kind": kind, "ok": ok, "failed": failed, "per_s": ok / elapse
 
 def neighbours(status_rate: float, scrape_every: float, port: int
                ) -> Callable[[Path], Callable[[], dict]]:
-    """What throughput.daemon_run starts beside the daemon: the client processes."""
+    """What throughput.daemon_run starts beside the daemon.  The client processes are
+    started here, before the daemon, so their interpreters' start-up is not charged to the
+    run; once the daemon is started they are told where it is."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    plan = (("status", 2 / status_rate), ("status", 2 / status_rate),
+            ("scrape", scrape_every))
+    procs = [subprocess.Popen([sys.executable, "-c", CLIENT, kind, str(pace)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                              text=True) for kind, pace in plan]
+    time.sleep(1.0)          # their imports done before the daemon starts
+
     def start(tmp: Path) -> Callable[[], dict]:
         sock = str(tmp / "run" / "control.sock")
-        env = dict(os.environ, PYTHONPATH=str(REPO))
-        procs = []
-        for kind, target, pace in (("status", sock, 2 / status_rate),
-                                   ("status", sock, 2 / status_rate),
-                                   ("scrape", f"http://127.0.0.1:{port}/metrics",
-                                    scrape_every)):
-            procs.append(subprocess.Popen([sys.executable, "-c", CLIENT, kind, target,
-                                           str(pace)], stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, env=env, text=True))
+        for (kind, _), p in zip(plan, procs):
+            assert p.stdin is not None
+            p.stdin.write((sock if kind == "status" else
+                           f"http://127.0.0.1:{port}/metrics") + "\n")
+            p.stdin.flush()
 
         def end() -> dict:
             out: dict = {"status_per_s": 0.0, "status_failed": 0, "status_slowest_ms": 0.0}
@@ -102,7 +110,7 @@ def neighbours(status_rate: float, scrape_every: float, port: int
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--messages", type=int, default=1_000_000)
+    ap.add_argument("--messages", type=int, default=2_000_000)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--status-rate", type=float, default=1000.0)
     ap.add_argument("--scrape-every", type=float, default=0.1)

@@ -1,0 +1,107 @@
+"""Spark faults that are not a dead JVM: its output on a disk that fills up, and a JVM
+given too little memory.
+
+A full output disk: Spark's write fails with the file system's reason, the sink retries
+with back-off (one line per attempt, so a bounded number), nothing is acked meanwhile, and
+once space is back the retried write goes through: every message in the dataset, exit 0.
+A driver heap too small to start: one line naming the JVM's own reason, the supervisor's
+bounded restarts, the daemon exits 1 having acked nothing it did not write.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
+from tests.e2e.test_pipeline import make_config, write_spool
+from tests.faults.test_disk_full import Filler, tmpfs  # noqa: F401 (a fixture)
+from tests.spark.test_pipeline_spark import (TOKEN_ENV, assert_each_message_once_or_duplicated_whole,
+                                             daemon_env, rows, spark_section, stage_stats,
+                                             status)
+
+pytestmark = pytest.mark.spark
+N = 6000
+
+
+def test_spark_output_disk_full_retries_then_writes_everything(short_tmp: Path,
+                                                               spark_server, tmpfs: Path
+                                                               ) -> None:
+    write_spool(short_tmp / "spool", N, files=6)
+    out = tmpfs / "dataset"
+    config = make_config(short_tmp, batchers={"default": {"batch_size": 250,
+                                                          "batch_timeout": 0.2}})
+    text = config.read_text().replace(
+        "[producer]\n", "[producer]\nrate_limit = { allowed_messages = 250, interval = 0.25 }\n")
+    config.write_text(text + spark_section(out, remote=spark_server.remote,
+                                           token_env=TOKEN_ENV, commit_rows=500,
+                                           commit_interval=0.2, write_retry_seconds=300))
+    log = short_tmp / "daemon.log"
+    sock = short_tmp / "run" / "control.sock"
+    filler = Filler(tmpfs)
+    with open(log, "w") as f:
+        daemon = subprocess.Popen(offbroadway_cmd("run", str(config), "--until-idle"),
+                                  cwd=REPO, env=daemon_env(spark_server), stdout=f,
+                                  stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(lambda: len(rows(out, "default")) >= 500, timeout=180, interval=0.5,
+                   message="a first rows committed")
+        filler.start()
+        wait_until(lambda: "No space left" in log.read_text(), timeout=120, interval=0.5,
+                   message="a Spark write failing with the file system's reason")
+        acked = status(sock).get("acked")
+        t_full = time.monotonic()
+        time.sleep(8.0)             # held full: the sink retries, nothing is acked
+        held = time.monotonic() - t_full
+        assert status(sock).get("acked") == acked, "acked while Spark could not write"
+        lines = [ln for ln in log.read_text().splitlines() if "Spark write attempt" in ln]
+        # the sink's back-off: doubling from its first wait, so at most a log2 ramp plus
+        # one attempt per capped wait in the time held (and the writers before it)
+        assert len(lines) <= 2 * (math.ceil(math.log2(held / 0.5 + 1)) + 6), lines[-5:]
+        committer = stage_stats(status(sock)).get("committer_default", {})
+        filler.release()
+        assert daemon.wait(300) == 0, log.read_text()[-4000:]
+    except BaseException:
+        print(log.read_text()[-6000:])
+        raise
+    finally:
+        if filler._thread.is_alive():
+            filler.release()
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait(30)
+    text = log.read_text()
+    assert "Traceback" not in text, text[-4000:]
+    found = rows(out, "default")
+    duplicates = assert_each_message_once_or_duplicated_whole(found, N)
+    print(f"\nspark output full: {len(lines)} attempt lines in {held:.1f}s held, "
+          f"{duplicates} duplicate rows; committer {json.dumps(committer)[:200]}")
+
+
+def test_a_driver_heap_too_small_says_why_and_gives_up_bounded(short_tmp: Path) -> None:
+    """``driver_memory = "8m"``: the JVM cannot start.  The daemon says why in its log
+    (the JVM's own reason, from the Spark log), restarts within its intensity only, and
+    exits 1; the spool is untouched (nothing acked, nothing moved)."""
+    write_spool(short_tmp / "spool", 500, files=1)
+    config = make_config(short_tmp, batchers={"default": {"batch_size": 100}})
+    config.write_text(config.read_text() + spark_section(
+        short_tmp / "dataset", master="local[1]", driver_memory="8m"))
+    t0 = time.monotonic()
+    res = subprocess.run(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
+                         env=test_env(), capture_output=True, text=True, timeout=600)
+    took = time.monotonic() - t0
+    err = res.stderr
+    assert res.returncode == 1, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    starts = err.count("starting Spark Connect server")
+    assert 1 <= starts <= 4, (starts, err[-3000:])
+    assert "heap" in err.lower(), err[-3000:]      # the JVM's reason, not only "exit 1"
+    assert len(list((short_tmp / "spool").glob("*.jsonl"))) == 1
+    assert not (short_tmp / "dataset").exists() or not any((short_tmp / "dataset").rglob(
+        "*.parquet"))
+    print(f"\ndriver_memory 8m: exit 1 after {took:.0f}s, {starts} JVM starts")
