@@ -327,7 +327,7 @@ def _spark(t: _Table) -> SparkConfig:
         schema=t.get("schema", str, ""),
         port=t.get("port", int, 0, check=lambda v: None if 0 <= v < 65536 else
                    "must be a TCP port, or 0 to pick a free one"),
-        driver_memory=t.get("driver_memory", str, "1g"),
+        driver_memory=t.get("driver_memory", str, "1g", check=_driver_memory),
         conf=_spark_conf(t),
         write_retry_seconds=t.get("write_retry_seconds", float, 60.0, check=_non_negative),
         write_timeout=t.get("write_timeout", float, 600.0, check=_positive),
@@ -341,6 +341,22 @@ def _spark(t: _Table) -> SparkConfig:
         raise ConfigError("spark.conf: sets the local Spark server's properties; with "
                           "spark.remote there is none (configure the remote server itself)")
     return out
+
+
+#: Spark refuses a driver heap under 450 MiB ("System memory ... must be at least
+#: 471859200") and a JVM given a few MiB dies before it can say why: refused at check
+MIN_DRIVER_MEMORY = 512 * 2**20
+_JVM_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def _driver_memory(value: str) -> str | None:
+    m = re.fullmatch(r"(\d+)([kmgt]?)", value.strip().lower())
+    if m is None:
+        return "must be a JVM heap size such as '1g' or '768m'"
+    if int(m[1]) * _JVM_UNITS[m[2]] < MIN_DRIVER_MEMORY:
+        return ("below the 512m Spark needs (it refuses a driver heap under 450 MiB, and a "
+                "JVM given a few MiB dies at start without saying why)")
+    return None
 
 
 def _spark_conf(t: _Table) -> dict[str, str]:
