@@ -671,12 +671,12 @@ def summary(report: dict) -> Iterator[str]:
     yield (f"soak: {o['minutes']:g} min at {o['rate']} msg/s; events "
            f"{report.get('event_counts')}; load {report['load_before'][0]:.1f} → "
            f"{report['load_after'][0]:.1f}")
-    yield f"{'series':32} {'unit':>9} {'first':>9} {'last':>9} {'mean':>9} " \
+    yield f"{'series':32} {'unit':>9} {'first':>9} {'last':>9} {'mean':>9} {'max':>9} " \
           f"{'slope/h':>9} {'±2se':>8} {'limit':>6}  flat"
     for name, s in report["slopes"].items():
         yield (f"{name:32} {s['unit']:>9} {s['first']:9.1f} {s['last']:9.1f} "
-               f"{s['mean']:9.1f} {s['slope_per_hour']:9.2f} {2 * s['stderr']:8.2f} "
-               f"{s['threshold']:6g}  {'yes' if s['flat'] else 'NO'}")
+               f"{s['mean']:9.1f} {s['max']:9.1f} {s['slope_per_hour']:9.2f} "
+               f"{2 * s['stderr']:8.2f} {s['threshold']:6g}  {'yes' if s['flat'] else 'NO'}")
     b = report["books"]
     yield (f"books: published {b['published']}, written {b['written_rows']} rows for "
            f"{b['distinct']} ids, acked {b['acked']}, lost {b['lost']}, duplicated "
