@@ -8,6 +8,7 @@ import json
 import os
 
 from offbroadway import Message, Pipeline
+from tests.e2e.handlers import _append, read_records
 
 
 class Picky(Pipeline):
@@ -23,20 +24,11 @@ class Picky(Pipeline):
         return message.put_batcher("default")
 
     def handle_batch(self, batcher: str, messages: list[Message], batch_info, context):
-        path = os.path.join(context["out"], f"written-{os.getpid()}.jsonl")
-        with open(path, "a") as f:
-            f.write("".join(json.dumps({"seq": m.data["seq"], "id": m.id}) + "\n"
-                            for m in messages))
-            f.flush()
-            os.fsync(f.fileno())
+        _append(os.path.join(context["out"], f"written-{os.getpid()}.jsonl"),
+                [{"seq": m.data["seq"], "id": m.id} for m in messages])
         return messages
 
 
 def written(out: str) -> list[int]:
     """Every seq handle_batch got, in no particular order (duplicates kept)."""
-    seqs = []
-    for name in os.listdir(out):
-        if name.startswith("written-"):
-            with open(os.path.join(out, name)) as f:
-                seqs += [json.loads(line)["seq"] for line in f if line.strip()]
-    return seqs
+    return [r["seq"] for r in read_records(out, "written-")]
