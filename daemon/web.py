@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .status import nodes
 from .timeline import Timeline
@@ -60,15 +60,6 @@ def _asset(name: str) -> bytes:
     return resources.files("offbroadway.daemon").joinpath("webpage", name).read_bytes()
 
 
-def _workers(spec: Any) -> Iterator[Any]:
-    children = getattr(spec, "children", None)
-    if children is None:
-        yield spec
-        return
-    for child in children:
-        yield from _workers(child)
-
-
 def page_state(daemon: Daemon, timeline: Timeline) -> dict:
     """``status`` plus what the page draws from it: the graph's columns and edges (with
     each subscription's counters as the consumer reported them), the totals, memory
@@ -81,9 +72,11 @@ def page_state(daemon: Daemon, timeline: Timeline) -> dict:
     def msgs(sid: str) -> dict:
         return by_id.get(sid, {}).get("messages") or {}
 
+    # the Spark server goes under the committers it serves: six columns would not fit
     columns = [("producers", topo.producers), ("processors", topo.processors),
                ("batchers", topo.batchers), ("batch processors", topo.batch_processors),
-               ("committers", topo.committers), ("spark", [topo.spark] if topo.spark else [])]
+               ("committers · Spark" if topo.spark else "committers",
+                topo.committers + ([topo.spark] if topo.spark else []))]
     edges = []
     for sid, spec in topo.specs.items():
         reported = msgs(sid).get("edges") or {}
@@ -101,6 +94,8 @@ def page_state(daemon: Daemon, timeline: Timeline) -> dict:
                 edges.append({"from": committer, "to": topo.spark,
                               "count": msgs(committer).get("out"), "demand": None,
                               "unit": "rows"})
+    from .app import _workers     # the daemon's walk of its specs (app imports this module)
+
     limits = {w.id: w.memory_limit for w in _workers(topo.root)
               if getattr(w, "memory_limit", None)}
     ages = {sid: round(now - s["at"], 1) for sid, s in daemon.board.stats.items()
@@ -127,6 +122,7 @@ def page_state(daemon: Daemon, timeline: Timeline) -> dict:
     }
     return {"status": st, "now": now, "columns": [{"title": t, "ids": list(ids)}
                                                   for t, ids in columns if ids],
+            "spark": topo.spark,
             "edges": edges, "limits": limits, "ages": ages, "silent_after": SILENT_AFTER,
             "totals": totals, "events": timeline.events()}
 

@@ -6,7 +6,7 @@
 "use strict";
 
 const SVGNS = "http://www.w3.org/2000/svg";
-const NODE_W = 168, NODE_H = 78, COL_GAP = 118, ROW_GAP = 14, PAD = 14, TITLE_H = 22;
+const NODE_W = 168, NODE_H = 78, COL_GAP = 104, ROW_GAP = 14, PAD = 14, TITLE_H = 22;
 const LABEL_W = 70, PORT_H = 13;   // the subscription labels left of a stage
 const RATE_WINDOW = 2.9;   // seconds: stages report once a second, a shorter window aliases
 const KEEP_SAMPLES = 8;    // seconds of samples kept for rates
@@ -165,8 +165,16 @@ function layout(state) {
     const key = batcher.replace(/^batcher_/, "");
     for (const id of [batcher, "committer_" + key]) if (pos[id]) pos[id].y = mid;
   }
+  let bottom = PAD + TITLE_H + inner;
+  if (state.spark && pos[state.spark]) {
+    // the Spark server under the lowest committer, its edges coming down to it
+    const above = Object.entries(pos).filter(([id, p]) => id !== state.spark &&
+                                             p.x === pos[state.spark].x).map(([, p]) => p.y);
+    pos[state.spark].y = Math.max(...above, PAD + TITLE_H - NODE_H) + NODE_H + 2.5 * ROW_GAP;
+    bottom = Math.max(bottom, pos[state.spark].y + NODE_H);
+  }
   const width = PAD * 2 + cols.length * NODE_W + (cols.length - 1) * COL_GAP;
-  return {pos, width, height: PAD * 2 + TITLE_H + inner};
+  return {pos, width, height: bottom + PAD};
 }
 
 function drawGraph(state, byId, parents) {
@@ -189,6 +197,7 @@ function drawGraph(state, byId, parents) {
     list.forEach((e, k) => {
       const a = pos[e.from], b = pos[e.to];
       if (!a || !b) return;
+      if (a.x === b.x) { labels.push(...drawDown(svg, e, a, b, k, list.length)); return; }
       const x1 = a.x + NODE_W, y1 = a.y + NODE_H / 2, x2 = b.x;
       const y2 = b.y + NODE_H / 2 + (k - (list.length - 1) / 2) * PORT_H;
       const dx = Math.max(20, (x2 - LABEL_W - x1) / 2);
@@ -222,6 +231,22 @@ function drawGraph(state, byId, parents) {
   }
 }
 
+// an edge within a column (a committer to the Spark server below it): straight down,
+// labelled beside its end
+function drawDown(svg, e, a, b, k, count) {
+  const x = b.x + NODE_W / 2 + (k - (count - 1) / 2) * 10;
+  const r = rateOf("edge:" + e.from + ">" + e.to);
+  const text = `${rate(r)} ${e.unit}/s`;
+  const path = el("path", {d: `M${a.x + NODE_W / 2},${a.y + NODE_H} L${x},${b.y}`,
+                           class: "edge" + (r ? " busy" : ""),
+                           "data-from": e.from, "data-to": e.to});
+  path.appendChild(el("title", {}, `${e.from} → ${e.to}: ${text}`));
+  svg.appendChild(path);
+  return [el("text", {x: x + 4, y: b.y - 4, class: "edge-label", "data-from": e.from,
+                      "data-to": e.to, "data-rate": r === null ? "" : r.toFixed(3),
+                      "data-demand": ""}, text)];
+}
+
 function drawNode(n, p, state, parents) {
   const [cls, shown] = trouble(n, state, parents);
   const m = n.messages || {};
@@ -247,7 +272,8 @@ function drawNode(n, p, state, parents) {
                    `rst ${n.restarts} · ${mem} · ${cpu === null ? "–" : Math.round(cpu * 100)}% cpu`));
   const out = rateOf("out:" + n.id);
   g.appendChild(el("text", {x: 8, y: 57, class: "flow", "data-out": m.out ?? ""},
-                   `${rate(out)}/s · ${short(m.out)} out`));
+                   n.messages ? `${rate(out)}/s · ${short(m.out)} out`
+                              : (n.id === state.spark ? "Spark Connect server (JVM)" : "")));
   let held = "";
   if (typeof m.inflight === "number") held = `${short(m.inflight)} in flight`;
   else if (typeof m.buffered === "number") held = `${short(m.buffered)} buffered`;

@@ -5,7 +5,7 @@ One daemon (generator source, two processors, two batchers) and one headless chr
 must load and draw from what the daemon serves alone.  Checked: every stage of the config
 is drawn, with the supervisors listed; the numbers move while messages flow; a processor
 SIGKILLed shows as restarting, then running again with one more restart and a new pid,
-and the crash is on the timeline; the page fits 1280x720 and 1024 wide without sideways
+and the crash is on the timeline; one SIGSTOPped shows as silent until it goes on; the page fits 1280x720 and 1024 wide without sideways
 scrolling and with legible text; a screenshot is taken and is not blank; every request
 the page made went to the daemon.
 """
@@ -142,9 +142,22 @@ def test_the_page_draws_the_running_tree_offline(short_tmp: Path) -> None:
             assert any(line.startswith("crash") and "processor_default_0" in line
                        and "SIGKILL" in line for line in timeline), timeline
 
-            # fits 1280x720 and a narrower laptop without sideways scrolling, text legible
             wait_until(lambda: all(s == "running" for s, _r, _p in states(driver).values()),
                        timeout=30, message="every stage running again")
+
+            # a stage that stops reporting (SIGSTOP, well within its 30 s heartbeat) is drawn
+            # silent, and running again once it goes on
+            bp = states(driver)["batch_processor_odd_0"][2]
+            os.kill(int(bp), signal.SIGSTOP)
+            try:
+                wait_until(lambda: states(driver)["batch_processor_odd_0"][0] == "silent",
+                           timeout=15, message="the stopped batch processor drawn silent")
+            finally:
+                os.kill(int(bp), signal.SIGCONT)
+            wait_until(lambda: states(driver)["batch_processor_odd_0"][0] == "running",
+                       timeout=15, message="the batch processor running again")
+
+            # fits 1280x720 and a narrower laptop without sideways scrolling, text legible
             for width, height in ((1280, 720), (1024, 640)):
                 browser.viewport(driver, width, height)
                 fit = driver.execute_script(
