@@ -60,8 +60,9 @@ class Operator:
         if verb in self.CHANGES and (verb is not Operator.rate_limit or "limit" in req):
             # what an operator changed goes on the live page's timeline (a reload records
             # itself: SIGHUP reloads too)
-            args = " ".join(str(req[k]) if not isinstance(req[k], list) else " ".join(req[k])
-                            for k in ("child", "args", "limit") if k in req)
+            words = [w for k in ("child", "args", "limit") if k in req
+                     for w in (req[k] if isinstance(req[k], list) else [req[k]])]
+            args = " ".join(map(str, words))
             self.daemon.timeline.add("operator", f"offbroadway {req['cmd']} {args}".strip(),
                                      answer.get("error") or answer.get("message") or "")
         return answer
