@@ -2,6 +2,7 @@
 listener on, watched by the page or not, interleaved.
 
     .venv/bin/python bench/page_cost.py [--messages 2000000] [--repeat 5]
+    .venv/bin/python bench/page_cost.py --state-cost 20
 
 Each round runs the same pipeline twice (the order reversed every other round, so the
 machine's load hits both alike): once with nobody looking, once with a viewer that does
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import threading
 import time
 import urllib.request
@@ -80,11 +82,79 @@ def run(messages: int, watched: bool) -> dict:
     return r
 
 
+def state_cost(seconds: float) -> None:
+    """The daemon's own CPU per state the page reads: one running pipeline (generator,
+    rate-limited to 20,000 msg/s so the machine stays the same), the daemon process's CPU
+    over ``seconds`` with nobody looking, then over ``seconds`` while /api/state is read
+    every 0.3 s (past the page's 0.25 s sharing, so each read computes one)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import psutil
+    from benchlib import NOOP_HANDLER, sink_and_runtime, start_daemon, status
+
+    tmp = Path(tempfile.mkdtemp(prefix="obp-", dir="/tmp"))
+    (tmp / "bench_noop.py").write_text(NOOP_HANDLER)
+    port = free_port()
+    config = tmp / "bench.toml"
+    config.write_text("""
+[pipeline]
+name = "bench"
+handler = "bench_noop:Noop"
+
+[producer]
+source = "generator"
+rate_limit = { allowed_messages = 20000, interval = 1 }
+
+[processors.default]
+concurrency = 2
+""" + sink_and_runtime(tmp, f"127.0.0.1:{port}"))
+    daemon = start_daemon(tmp, config, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while status(str(tmp / "run" / "control.sock")) is None:
+            if time.monotonic() > deadline or daemon.poll() is not None:
+                raise SystemExit("the daemon did not come up")
+            time.sleep(0.2)
+        time.sleep(3)
+        proc = psutil.Process(daemon.pid)
+
+        def cpu() -> float:
+            t = proc.cpu_times()
+            return t.user + t.system
+
+        c0 = cpu()
+        time.sleep(seconds)
+        quiet = cpu() - c0
+        reads, c0, end = 0, cpu(), time.monotonic() + seconds
+        while time.monotonic() < end:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/state", timeout=5) as r:
+                r.read()
+            reads += 1
+            time.sleep(0.3)
+        watched = cpu() - c0
+        print(f"daemon CPU over {seconds:g} s: {quiet * 1000:.0f} ms unwatched, "
+              f"{watched * 1000:.0f} ms with {reads} states read: "
+              f"{(watched - quiet) / reads * 1000:.2f} ms per state, i.e. "
+              f"{(watched - quiet) / reads * 100:.2f} % of a core for an open page "
+              f"(one state a second)")
+    finally:
+        daemon.terminate()
+        daemon.wait(60)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=2_000_000)
     ap.add_argument("--repeat", type=int, default=5, help="interleaved rounds")
+    ap.add_argument("--state-cost", type=float, metavar="SECONDS", default=None,
+                    help="instead: the daemon's CPU per state read, over SECONDS each way")
     args = ap.parse_args()
+    if args.state_cost:
+        state_cost(args.state_cost)
+        return
     ratios, plain, seen = [], [], []
     for i in range(args.repeat):
         order = (False, True) if i % 2 == 0 else (True, False)
