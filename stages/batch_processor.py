@@ -46,7 +46,11 @@ class BatchProcessorStage(Stage):
         super().__init__(spec)
         self.handler = load_handler(spec.handler)
         self.context = spec.context
-        self.subs = Subscriptions(spec.max_demand, spec.min_demand, counters=self.counters)
+        # batches go to a batch processor that is free: the demand on the batcher is a
+        # window that follows the pace of handle_batch (one batch while they are slow, up
+        # to max_demand while they are quick; :class:`.window.PacedWindow`)
+        self.subs = Subscriptions(spec.max_demand, spec.min_demand, counters=self.counters,
+                                  paced=True)
         self.spark = _SparkHandoff(self) if spec.spark is not None else None
         self.counters.update(batches=0)
         self.accept(commands.Leave, self._on_leave)
@@ -82,6 +86,7 @@ class BatchProcessorStage(Stage):
         up = self.subs.by_sock[sock]
         for msg in self.frames(sock, up.stage_id):
             if msg[protocol.KIND_AT] == protocol.BATCH:
+                self.subs.received(up, 1)
                 self._handle(up, msg[protocol.BATCH_KEY], msg[protocol.BATCH_TRIGGER],
                              msg[protocol.BATCH_PACKED])
             elif msg[protocol.KIND_AT] == protocol.CANCEL:
@@ -128,7 +133,9 @@ class BatchProcessorStage(Stage):
                          self.spec.index if self.spec.partition_by else None)
         started = time.perf_counter()
         rows = callbacks.handle_batch(self.handler, batcher, messages, info, self.context)
-        self.metrics.observe("handle_batch", time.perf_counter() - started, batcher)
+        took = time.perf_counter() - started
+        self.subs.timed(up, 1, took)
+        self.metrics.observe("handle_batch", took, batcher)
         self.metrics.observe("batch_size", len(messages), batcher)
         if self.spark is not None and rows:
             self.spark.hand_off(up, trigger, messages, rows)   # finished on the answer

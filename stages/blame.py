@@ -153,6 +153,19 @@ class BlameRecorder:
         self._frame = messages
         self._next = 0
 
+    def indexes(self, messages: Sequence[Blamed]) -> memoryview | None:
+        """When ``messages`` are the packed frame's own (the list :meth:`events` was given,
+        the usual case), the 4-byte store of the running message's place in it, with the
+        record set to the frame's first message: the caller writes each message's index
+        there before running it (one store, not a call per message).  Else None: tell
+        :meth:`message` about each one."""
+        if self._frame is None or self._frame is not messages:
+            return None
+        self._index[0] = 0
+        self._mm[STATE_AT] = PACKED_MESSAGE
+        self._packed_state = True
+        return self._index
+
     def message(self, m: Blamed) -> None:
         # the hot path: with a packed frame, a 4-byte index (and the state byte for the
         # frame's first message); else ~3 operations (bench/blame.py)

@@ -45,27 +45,29 @@ class Blame(Protocol):
 
     def message(self, m: Message) -> None: ...
 
+    def indexes(self, messages: list[Message]) -> Any: ...
+
     def frame(self, messages: list[Message]) -> None: ...
 
     def idle(self) -> None: ...
 
 
 def process(handler: Pipeline, messages: list[Message], context: Any,
-            batchers: frozenset[str] | set[str] = frozenset(), blame: Blame | None = None
-            ) -> tuple[list[Message], list[Message], list[Message]]:
+            batchers: frozenset[str] | set[str] = frozenset(), blame: Blame | None = None,
+            healthy: bool = False) -> tuple[list[Message], list[Message], list[Message]]:
     """``prepare_messages`` then ``handle_message`` on each: (done, failed, discarded).
 
     ``discarded`` are the messages the handler discarded (:meth:`Message.discard`) while
     there are batchers: the caller acks them at once, they go to no batcher.  Without
     batchers a discarded message is simply done (acked after ``handle_message`` anyway).
     Messages that arrive already failed (a spool line that is not JSON, a poison message)
-    skip the callbacks.  With batchers, a message routed to an unknown batcher fails with a
+    skip the callbacks (``healthy``: the caller knows none did, e.g. from its frame).  With batchers, a message routed to an unknown batcher fails with a
     clear reason.  ``blame`` is told what runs before each callback that could kill the
     process, so a message that does is known after the process is gone.  The record is
     cleared only on return: whatever escapes (nothing a callback raises does) leaves it for
     the daemon to read after the process died.
     """
-    failed = [m for m in messages if m.status is not None]
+    failed = [m for m in messages if m.status is not None] if not healthy else []
     ok = [m for m in messages if m.status is None] if failed else messages
     if blame is not None:
         out = _process(handler, ok, failed, context, batchers, blame)
@@ -100,9 +102,14 @@ def _process(handler: Pipeline, ok: list[Message], failed: list[Message], contex
     done: list[Message] = []
     discarded: list[Message] = []
     handle = handler.handle_message
-    mark = blame.message if blame is not None else None
-    for m in ok:
-        if mark is not None:
+    # the blame: with the frame's own messages, in order (the usual case), each one's
+    # place written straight into the record; else the record is told each message
+    store = blame.indexes(ok) if blame is not None else None
+    mark = blame.message if blame is not None and store is None else None
+    for i, m in enumerate(ok):
+        if store is not None:
+            store[0] = i
+        elif mark is not None:
             mark(m)
         try:
             r = handle(PROCESSOR_KEY, m, context)

@@ -42,6 +42,7 @@ import zmq
 
 from . import protocol
 from .demand import ASK, Action, DemandBudget
+from .window import PacedWindow
 
 #: seconds without events after which a budgeted consumer counts as idle
 IDLE_AFTER = 0.02
@@ -57,7 +58,7 @@ PENDING, CLASSIC, BUDGET = "pending", "classic", "budget"
 
 class Upstream:
     __slots__ = ("consumed", "done", "handled", "index", "mode", "owed", "partition", "ref",
-                 "sock", "stage_id")
+                 "sock", "stage_id", "window")
 
     def __init__(self, stage_id: str, sock: zmq.Socket, partition, index: int) -> None:
         self.stage_id = stage_id
@@ -72,6 +73,8 @@ class Upstream:
         self.handled = 0
         #: per-upstream mode: asked of it and not yet handled (the edge's demand)
         self.owed = 0
+        #: a paced consumer's window on it (:class:`.window.PacedWindow`), else None
+        self.window: PacedWindow | None = None
 
 
 class Subscriptions:
@@ -81,8 +84,11 @@ class Subscriptions:
                  can_ask: Callable[[], bool] = lambda: True, *, budget: bool = False,
                  index: int = 0,
                  call_later: Callable[[float, Callable[[], None]], None] | None = None,
-                 counters: dict[str, int] | None = None) -> None:
+                 counters: dict[str, int] | None = None, paced: bool = False) -> None:
         self.max_demand = max_demand
+        #: per upstream, a window that follows the pace of the work instead of a fixed
+        #: ``max_demand`` (batch processors: :class:`.window.PacedWindow`)
+        self.paced = paced
         self.ask_every = max(1, max_demand - min_demand)
         self.can_ask = can_ask
         self.upstreams: list[Upstream] = []
@@ -110,6 +116,8 @@ class Subscriptions:
     def add(self, stage_id: str, sock: zmq.Socket, partition=None) -> Upstream:
         index = self.budget.add() if self.budget is not None else len(self.upstreams)
         up = Upstream(stage_id, sock, partition, index)
+        if self.paced:
+            up.window = PacedWindow(self.max_demand, self.max_demand - self.ask_every)
         self.upstreams.append(up)
         self.by_sock[sock] = up
         self.subscribe(up)
@@ -124,6 +132,11 @@ class Subscriptions:
         up.sock.send(protocol.subscribe(self.max_demand, min_demand, up.partition, up.ref),
                      zmq.NOBLOCK)
         if self.budget is None:
+            if up.window is not None:
+                n = up.window.subscribed()
+                if n:
+                    self._send_ask(up, n)
+                return
             self._send_ask(up, self.max_demand)
             return
         # ask nothing before SUBSCRIBED: it fences off whatever an earlier subscription
@@ -180,6 +193,8 @@ class Subscriptions:
         pass that to :meth:`consumed` (a resubscription in between changes the mode)."""
         self.counters["event_frames"] += 1
         if self.budget is None or up.mode == CLASSIC:
+            if up.window is not None:
+                up.window.received(n)
             return False
         self._apply(self.budget.received(up.index, n))
         if not self._idle_check_armed:
@@ -198,15 +213,39 @@ class Subscriptions:
             self._apply(self.budget.finished(n, seconds))
             self._active()
             return
-        up.consumed += n
         up.owed = max(0, up.owed - n)
+        if up.window is not None:
+            up.window.finished(n)
+            self._ask_window(up)
+            return
+        up.consumed += n
         if up.consumed >= self.ask_every and self.can_ask():
             self._send_ask(up, up.consumed)
             up.consumed = 0
 
+    def timed(self, up: Upstream, n: int, seconds: float) -> None:
+        """A paced consumer's work on ``n`` events from ``up`` took ``seconds`` (the pace
+        its window follows; the events are finished later, by :meth:`consumed`): what the
+        window has room for is asked at once."""
+        if up.window is not None:
+            up.window.timed(n, seconds)
+            # asked now, not when they are finished: with Spark a batch is finished at
+            # its commit, and batches waiting for it count against max_demand only
+            self._ask_window(up)
+
+    def _ask_window(self, up: Upstream) -> None:
+        if up.done or self.leaving or not self.can_ask():
+            return
+        n = up.window.asks()
+        if n:
+            self._send_ask(up, n)
+
     def release(self) -> None:
         """Output drained: send the asks that back-pressure held back."""
         for up in self.upstreams:
+            if up.window is not None:
+                self._ask_window(up)
+                continue
             if up.mode == CLASSIC and up.consumed >= self.ask_every and not up.done:
                 self._send_ask(up, up.consumed)
                 up.consumed = 0

@@ -427,3 +427,4 @@ class DemandBudget:
                 room -= 1
         acts.append(self._ask(target, room))
         return acts
+

@@ -15,7 +15,7 @@ unique per incarnation (they start at its start time in ns) so that cannot happe
 from __future__ import annotations
 
 from collections.abc import Iterable
-from itertools import repeat
+from itertools import count, repeat
 from typing import Any, Generic, TypeVar
 
 H = TypeVar("H")
@@ -28,6 +28,8 @@ class InFlightTable(Generic[H]):
 
     def __init__(self) -> None:
         self._table: dict[int, H] = {}
+        #: every token :meth:`add_range` may take is at least this (one above the last)
+        self._floor = 0
         #: acks (ok or failed) naming a token that is not in flight, since creation
         self.unknown = 0
 
@@ -53,6 +55,23 @@ class InFlightTable(Generic[H]):
         if len(new) != len(entries) or not table.keys().isdisjoint(new):
             raise ValueError("a token is already in flight or repeated in this add_many")
         table.update(new)
+        ints = [t for t in new if type(t) is int]
+        if ints:
+            self._floor = max(self._floor, max(ints) + 1)
+
+    def add_range(self, first: int, handles: Iterable[H]) -> int:
+        """Record emitted messages whose tokens run from ``first`` up (the producer's
+        fresh tokens, the hot path: one C-speed ``update``).  Tokens only ever grow, so a
+        ``first`` above every token added so far cannot repeat one; anything else is a
+        producer bug (:class:`ValueError`, table unchanged).  The number added."""
+        if first < self._floor:
+            raise ValueError(f"token {first} is not above the last added ({self._floor - 1})")
+        table = self._table
+        before = len(table)
+        table.update(zip(count(first), handles))
+        n = len(table) - before
+        self._floor = first + n
+        return n
 
     def settle(self, ok_tokens: Iterable[Any], failed: Iterable[Any]
                ) -> tuple[list[H], list[tuple[H, str]]]:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import logging
 import time
+from itertools import repeat
+from operator import contains, itemgetter
 from typing import Any
 
 from . import commands, protocol
@@ -38,6 +40,10 @@ from .spec import StageSpec
 from .stage import Stage
 
 log = logging.getLogger("offbroadway.producer")
+
+#: a fetched item's parts (``(id, data, metadata, handle)``: :mod:`.sources.base`), read
+#: at C speed for a whole fetch (whether any metadata notes an ``error``, the handles)
+_METADATA, _HANDLE = itemgetter(2), itemgetter(3)
 
 
 class ProducerStage(Stage):
@@ -217,11 +223,12 @@ class ProducerStage(Stage):
         events = protocol.new_events(index, first, items)
         token = first + len(items)
         self.next_token = token
-        self.inflight.add_many(zip(range(first, token), [item[3] for item in items]))
-        errors = [metadata.get("error") for _, _, metadata, _ in items]
-        if errors.count(None) != len(errors):          # a source's bad lines: rare
+        self.inflight.add_range(first, map(_HANDLE, items))
+        if any(map(contains, map(_METADATA, items), repeat("error"))):
+            # a source's bad lines: rare
             failed = self._failed
-            for i, error in enumerate(errors):
+            for i, (_, _, metadata, _) in enumerate(items):
+                error = metadata.get("error")
                 if error is not None:
                     failed[first + i] = error
         if self.poison.active:

@@ -28,6 +28,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from offbroadway.stages.demand import ASK, LIVE, DemandBudget
+from offbroadway.stages.window import PacedWindow
 from offbroadway.stages.dispatch import (
     GenStageDemandDispatcher,
     PartitionDispatcher,
@@ -652,3 +653,61 @@ def test_retract_takes_back_only_unmet_demand(kind: str, script: list) -> None:
         assert all(d.demand_of(x) == demand[x] for x in C3)
     with pytest.raises(KeyError):
         d.retract(b"stranger", 1)
+
+
+# -- a batch processor's paced window ------------------------------------------------------
+
+
+def test_paced_window_asks_one_batch_until_timed_then_follows_the_pace() -> None:
+    w = PacedWindow(100, 50)
+    assert w.subscribed() == 1                  # untimed: one (a sibling may still start)
+    w.received(1)
+    w.timed(1, 0.0001)                          # quick batches: the whole max_demand
+    w.finished(1)
+    assert w.asks() == 100
+    w.received(100)
+    for _ in range(100):
+        w.timed(1, 0.2)                         # then slow ones: one at a time
+    w.finished(100)
+    assert w.window == 1 and w.asks() == 1 and w.asks() == 0
+    w.received(1)
+    w.finished(1)
+    assert w.asks() == 1                        # min_demand 0: re-asked as soon as free
+
+
+def test_paced_window_counts_batches_awaiting_their_commit_against_max_demand_only() -> None:
+    w = PacedWindow(8, 4)
+    w.subscribed()
+    w.received(1)
+    w.timed(1, 0.0)                             # handle_batch instant: window 8
+    assert w.asks() == 7                        # one held (in a commit): 7 more at most
+    w.received(7)
+    assert w.asks() == 0                        # 8 held, none free
+    w.finished(3)
+    assert w.asks() == 0                        # 3 free: under the re-ask chunk of 4
+    w.finished(1)
+    assert w.asks() == 4
+
+
+@given(st.lists(st.tuples(st.sampled_from(["recv", "fin", "time", "ask"]),
+                          st.floats(0, 0.2)), max_size=200),
+       st.integers(1, 50))
+def test_paced_window_never_over_max_demand_nor_more_unstarted_than_the_window(
+        steps: list[tuple[str, float]], max_demand: int) -> None:
+    w = PacedWindow(max_demand, max_demand // 2)
+    out = w.subscribed()                        # asked, not received (the batcher's view)
+    for op, x in steps:
+        if op == "recv" and out:
+            w.received(1)
+            out -= 1
+        elif op == "fin" and w.held:
+            w.finished(1)
+        elif op == "time":
+            w.timed(1, x)
+        else:
+            asked = w.asks()
+            out += asked
+            if asked:                           # an ask never leaves more unstarted
+                assert out <= w.window          # than the window allows
+        assert out == w.outstanding
+        assert w.outstanding + w.held <= max_demand

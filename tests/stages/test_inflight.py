@@ -103,3 +103,17 @@ def test_every_handle_comes_out_exactly_once(script: list[tuple]) -> None:
         assert len(t) == len(live) and t.unknown == unknown
     out += t.take_all()
     assert sorted(out) == sorted(added) and len(set(out)) == len(out)
+
+
+def test_add_range_takes_fresh_tokens_only_and_settles_like_add_many() -> None:
+    table: InFlightTable[str] = InFlightTable()
+    assert table.add_range(100, ["a", "b", "c"]) == 3
+    with pytest.raises(ValueError):
+        table.add_range(102, ["x"])                 # 102 was issued already
+    assert len(table) == 3
+    table.add_many([(500, "d")])
+    with pytest.raises(ValueError):
+        table.add_range(200, ["y"])                 # below a token add_many took
+    assert table.add_range(501, iter(["e"])) == 1
+    assert table.settle([100, 102, 501, 7], [[101, "bad"]]) == (["a", "c", "e"], [("b", "bad")])
+    assert table.unknown == 1 and len(table) == 1

@@ -152,6 +152,31 @@ def test_a_packed_frame_record_names_the_running_message_alone(tmp_path: Path) -
     assert blame.take(path) is None
 
 
+def test_a_packed_frame_record_by_index_names_the_running_message(tmp_path: Path) -> None:
+    """The processor's usual path: the frame's own messages in order, each one's place
+    written into the record's index store (no call per message); another list of messages
+    (prepare_messages made new ones, or some were dropped as failed) gets no store."""
+    from offbroadway.stages import protocol
+
+    path = blame.path(str(tmp_path), "p")
+    rec = blame.BlameRecorder(path)
+    evs = [[2, 900 + i, f"line-{i}", {"seq": i}, {}] for i in range(10)]
+    packed = protocol.decode(protocol.events(evs))[3]
+    messages = protocol.to_messages(protocol.open_events(packed))
+    rec.events(packed, messages)
+    assert rec.indexes(list(messages)) is None               # not the frame's own list
+    store = rec.indexes(messages)
+    assert blame.parse(Path(path).read_bytes()) == blame.Blame("handle_message", (
+        blame.Suspect(2, 900, "line-0"),), 1)
+    for i in (3, 9):
+        store[0] = i
+        assert blame.parse(Path(path).read_bytes()) == blame.Blame("handle_message", (
+            blame.Suspect(2, 900 + i, f"line-{i}"),), 1)
+    rec.idle()
+    assert blame.parse(Path(path).read_bytes()) is None
+    assert rec.indexes(messages) is None                     # idle: the frame is over
+
+
 @given(st.binary(max_size=256), st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1))
 def test_a_torn_packed_record_blames_nobody_or_parses(body: bytes, n: int, index: int
                                                        ) -> None:
