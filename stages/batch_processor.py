@@ -253,11 +253,16 @@ class _SparkHandoff:
             self.schema_bytes = schema_ipc
 
     def abandon(self) -> None:
-        """Stopping with batches not yet committed: they stay unacked and the producers
-        deliver them again when this stage is gone."""
+        """Stopping with batches whose commit has not answered: they stay unacked and the
+        producers deliver them again when this stage is gone.  Not answered is not "not
+        committed": the committer may be committing them right now (it finishes a job it
+        started), and then their rows are written again on redelivery; the daemon's end
+        of run counts the rows the committer committed."""
         if self.holding:
             n = sum(len(e[1]) for e in self.pending.values()) + sum(
                 len(q[2]) for q in self.queued)
             log.warning("%s: stopping; %d batch(es) of %d message(s) left unacked (Spark "
-                        "write abandoned: not committed yet)", self.stage.id,
+                        "write abandoned before its commit answered: if the committer "
+                        "still commits them, their rows are written again when the "
+                        "messages are redelivered)", self.stage.id,
                         len(self.pending) + len(self.queued), n)
