@@ -1,32 +1,37 @@
-"""The README's pipeline end to end into Spark, beside Spark alone and pyarrow alone.
+"""The README's pipeline end to end into Spark, beside the script a user would write instead.
 
     .venv/bin/python bench/spark_e2e.py [--lines 1000000] [--rounds 2] [--no-rabbitmq]
-                                        [--max-demand N] [--keep]
+                                        [--references PATH] [--commit ROWS/SECONDS] [--keep]
 
-One Spark Connect server (started exactly as the daemon starts its own: argv and env from
-``offbroadway.daemon.spark.plan``) serves every Spark run, so all of them pay the same
-JVM.  The rows are ``--lines`` order lines like ``examples/spool``
-(``{"order", "sku", "qty", "unit_price"}``), priced by ``examples/orders.py``.
-
-Per round, interleaved:
+The rows are ``--lines`` order lines like ``examples/spool`` (``{"order", "sku", "qty",
+"unit_price"}``), priced by ``examples/orders.py``.  Per round, interleaved:
 
 * **pipeline, spool**: ``config/example.toml`` as shipped, run with ``--until-idle`` in a
-  directory of its own holding ``var/spool`` (so the config's own relative spool path is
-  used), with two changes: the metrics port (a free one) and ``[spark] remote`` +
-  ``token_env`` pointing at the shared server instead of starting a second JVM.  Timed
-  from the daemon's "pipeline … is up" log line (the producer fetches from then on) to the
-  modification time of the last Parquet file published (the last commit); rows counted
-  in the dataset.
-* **Spark alone**: the same rows, already priced, as 100k-row Arrow tables (plus
-  ``message_id`` and ``ingested_at``) → ``createDataFrame`` → ``write.parquet(append)``
-  through one Connect session, one after the other.  Timed: the writes only.
-* **pyarrow alone**: the same tables → ``pq.write_table``, one file each.
-* **pipeline, RabbitMQ** (once, after the rounds): the same config with the RabbitMQ
-  source (``prefetch_count = "auto"``) on a queue preloaded with the same lines.
+  directory of its own holding ``var/spool`` (so the config's own relative paths are
+  used), with two changes: the metrics listener off and ``[spark] remote`` + ``token_env``
+  pointing at one Spark Connect server the bench starts exactly as the daemon starts its
+  own (argv and env from ``offbroadway.daemon.spark.plan``), so every run pays the same
+  warm JVM.  Timed from the daemon's "pipeline … is up" log line (the producer fetches
+  from then on) to the modification time of the last Parquet file Spark wrote; rows
+  counted in the dataset.  Per stage, the CPU seconds its processes used (sampled from
+  ``/proc`` through the status tree), and the Spark server JVM's over the same run, in
+  µs per row.
+* **the references**: ``spark_references.py SPOOL 1`` on the same spool files, run as it
+  is in a subprocess (its own classic ``local[2]`` session): ``loop``, the twenty-line
+  consumer a user would write instead (``json.loads``, price, 100k-row batches →
+  ``createDataFrame`` → Parquet), and ``alone``, Spark's own write speed for the same rows
+  pre-parsed.  The yardsticks sit beside the repository (``../shared/bench/``, or
+  ``--references PATH``), not in it: without them the bench runs the pipeline alone and
+  says so.
+* **pipeline, RabbitMQ** (after the rounds unless ``--no-rabbitmq``): the same config with
+  the RabbitMQ source (``prefetch_count = "auto"``) on a queue preloaded with the same
+  lines, JSON decoded by the handler.
 
-``--max-demand N`` also runs the spool pipeline with ``[processors.default] max_demand =
-N`` (min_demand N/2): the sink's own ceiling when the data plane is not the bound.
-Prints each run, medians and the ratios to Spark alone.
+``--commit ROWS/SECONDS`` adds, per round, the spool pipeline with ``[spark]
+commit_rows`` and ``commit_interval`` set so: how the commit size moves the JVM's cost.
+
+Prints each run, the ratios per round (pipeline / loop, pipeline / alone), the medians,
+and the per-stage CPU per row.
 """
 
 from __future__ import annotations
@@ -42,20 +47,23 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import free_port  # bench/ helpers
+from benchlib import sample_cpu, statuses  # bench/ helpers
 from spark_sink import _env, start_server
 
 REPO = Path(__file__).resolve().parent.parent
+REFERENCES = REPO.parent / "shared" / "bench" / "spark_references.py"
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 TOKEN_ENV = "OB_BENCH_SPARK_TOKEN"
-BATCH = 100_000
 UP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*pipeline \S+ is up", re.M)
 SKUS = ("apple", "plum", "kiwi", "fig", "pear", "mango", "lime", "date")
+ROLES = ("producer", "processor", "batcher", "batch_processor", "committer", "jvm")
 
 
 def order_lines(n: int) -> list[str]:
@@ -73,9 +81,12 @@ def write_spool(spool: Path, lines: list[str], files: int = 10) -> None:
 
 
 def example_config(remote: str, *, rabbit_queue: str | None = None,
-                   max_demand: int | None = None) -> str:
+                   commit: tuple[int, float] | None = None) -> str:
     text = (REPO / "config" / "example.toml").read_text()
-    text = text.replace('listen = "127.0.0.1:9464"', f'listen = "127.0.0.1:{free_port()}"')
+    if commit is not None:
+        text = text.replace("[spark]\n", f"[spark]\ncommit_rows = {commit[0]}\n"
+                                         f"commit_interval = {commit[1]}\n")
+    text = text.replace('listen = "127.0.0.1:9464"', 'listen = ""')
     text = text.replace("[spark]\n", f"[spark]\nremote = {json.dumps(remote)}\n"
                                      f"token_env = {json.dumps(TOKEN_ENV)}\n")
     if rabbit_queue is not None:
@@ -86,9 +97,6 @@ def example_config(remote: str, *, rabbit_queue: str | None = None,
         text = text.replace('path = "var/spool"',
                             f'url = "{AMQP_URL}"\nqueue = "{rabbit_queue}"\n'
                             f'prefetch_count = "auto"')
-    if max_demand is not None:
-        text = re.sub(r"max_demand = \d+\nmin_demand = \d+",
-                      f"max_demand = {max_demand}\nmin_demand = {max_demand // 2}", text)
     return text
 
 
@@ -106,73 +114,69 @@ class RabbitOrders(Orders):
 """
 
 
-def run_pipeline(workdir: Path, config_text: str, token: str) -> dict[str, Any]:
+def cpu_seconds(pid: int) -> float:
+    try:
+        t = psutil.Process(pid).cpu_times()
+        return t.user + t.system + t.children_user + t.children_system
+    except psutil.Error:
+        return 0.0
+
+
+def run_pipeline(workdir: Path, config_text: str, token: str, jvm: int) -> dict[str, Any]:
+    """One ``--until-idle`` run: rate, and per role the CPU µs per row."""
     import pyarrow.parquet as pq
 
     config = workdir / "bench.toml"
     config.write_text(config_text)
     (workdir / "bench_orders.py").write_text(RABBIT_HANDLER)
     env = {**_env(), TOKEN_ENV: token, "PYTHONPATH": f"{REPO}:{workdir}"}
+    jvm0 = cpu_seconds(jvm)
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", "offbroadway.daemon.cli", "run", str(config),
-                           "--until-idle"], cwd=workdir, env=env, capture_output=True,
-                          text=True, timeout=3600)
-    wall = time.time() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"pipeline failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    up = UP.search(proc.stderr)
-    assert up, proc.stderr[-2000:]
+    with open(workdir / "daemon.out", "w+") as fout, open(workdir / "daemon.err", "w+") as ferr:
+        daemon = subprocess.Popen([sys.executable, "-m", "offbroadway.daemon.cli", "run",
+                                   str(config), "--until-idle"], cwd=workdir, env=env,
+                                  stdout=fout, stderr=ferr, text=True)
+        seen: dict[int, tuple[str, float, float, float]] = {}
+        for status in statuses(daemon, str(workdir / "var" / "run" / "control.sock"), 0.5):
+            sample_cpu(status["tree"], seen)
+        daemon.wait(timeout=3600)
+        wall = time.time() - t0
+        jvm_cpu = cpu_seconds(jvm) - jvm0
+        fout.seek(0)
+        ferr.seek(0)
+        out, stderr = fout.read(), ferr.read()
+    if daemon.returncode != 0:
+        raise SystemExit(f"pipeline failed ({daemon.returncode}):\n{stderr[-3000:]}")
+    up = UP.search(stderr)
+    assert up, stderr[-2000:]
     start = datetime.strptime(up[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
     dataset = workdir / "var" / "orders" / "spark"
-    files = [p for p in dataset.rglob("*.parquet") if "_staging" not in p.parts]
+    files = list(dataset.rglob("*.parquet"))
     if not files:
-        raise SystemExit(f"no rows written:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        raise SystemExit(f"no rows written:\n{out[-2000:]}\n{stderr[-2000:]}")
     last = max(p.stat().st_mtime for p in files)
     rows = pq.read_table(dataset).num_rows
-    wrote = re.search(r"wrote (\d+) rows", proc.stdout)
+    wrote = re.search(r"wrote (\d+) rows", out)
+    cpu: dict[str, float] = dict.fromkeys(ROLES, 0.0)
+    for role, total, _io, _sys in seen.values():
+        key = "committer" if role.startswith("committer") else role
+        if key in cpu:
+            cpu[key] += total
+    cpu["jvm"] = jvm_cpu
     return {"rows": rows, "seconds": last - start, "rate": rows / (last - start),
             "wall": wall, "files": len(files), "printed": wrote[0] if wrote else "",
-            "load": os.getloadavg()[0]}
+            "load": os.getloadavg()[0],
+            "us_per_row": {k: v * 1e6 / max(rows, 1) for k, v in cpu.items()}}
 
 
-def priced_tables(lines: list[str]) -> list[Any]:
-    """The rows the pipeline writes, as 100k-row Arrow tables (built untimed)."""
-    import pyarrow as pa
-
-    now = datetime.now(UTC)
-    tables = []
-    for b in range(0, len(lines), BATCH):
-        rows = [json.loads(x) for x in lines[b:b + BATCH]]
-        for r in rows:
-            r["total"] = round(r["qty"] * r.get("unit_price", 0.0), 2)
-        cols = {k: pa.array([r[k] for r in rows]) for k in rows[0]}
-        cols["message_id"] = pa.array([f"orders-{b + i}" for i in range(len(rows))])
-        cols["ingested_at"] = pa.repeat(pa.scalar(now, pa.timestamp("us", tz="UTC")),
-                                        len(rows))
-        tables.append(pa.table(cols))
-    return tables
-
-
-def spark_alone(session: Any, tables: list[Any], out: Path) -> dict[str, Any]:
-    took = 0.0
-    for t in tables:
-        t0 = time.perf_counter()
-        session.createDataFrame(t).write.mode("append").parquet(str(out))
-        took += time.perf_counter() - t0
-    rows = sum(t.num_rows for t in tables)
-    return {"rows": rows, "seconds": took, "rate": rows / took, "load": os.getloadavg()[0]}
-
-
-def pyarrow_alone(tables: list[Any], out: Path) -> dict[str, Any]:
-    import pyarrow.parquet as pq
-
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    for i, t in enumerate(tables):
-        pq.write_table(t, out / f"part-{i:05d}.parquet")
-    took = time.perf_counter() - t0
-    rows = sum(t.num_rows for t in tables)
-    return {"rows": rows, "seconds": took, "rate": rows / took, "load": os.getloadavg()[0]}
+def references(script: Path, spool: Path) -> dict[str, float]:
+    """``spark_references.py SPOOL 1``, run as it is: {"loop": rows/s, "alone": rows/s}."""
+    proc = subprocess.run([sys.executable, str(script), str(spool), "1"], env=_env(),
+                          capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise SystemExit(f"references failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    found = dict(re.findall(r"^median (\w+) (\d+)", proc.stdout, re.M))
+    return {k: float(v) for k, v in found.items()} | {"load": os.getloadavg()[0]}
 
 
 def preload(queue: str, lines: list[str]) -> None:
@@ -195,57 +199,71 @@ def delete_queue(queue: str) -> None:
     conn.close()
 
 
+def show(name: str, r: dict[str, Any]) -> None:
+    per = "  ".join(f"{k} {v:.1f}" for k, v in r["us_per_row"].items())
+    print(f"{name}: {r['rows']} rows in {r['seconds']:.1f} s = {r['rate']:,.0f} rows/s, "
+          f"load {r['load']:.1f} ({r['printed']}; {r['files']} files; wall {r['wall']:.1f} s)"
+          f"\n    CPU us/row: {per}  (Python stages "
+          f"{sum(v for k, v in r['us_per_row'].items() if k != 'jvm'):.1f})", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lines", type=int, default=1_000_000)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--no-rabbitmq", action="store_true")
-    ap.add_argument("--max-demand", type=int, default=None)
+    ap.add_argument("--references", type=Path, default=REFERENCES)
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--commit", metavar="ROWS/SECONDS", default=None,
+                    help="also run the spool pipeline with [spark] commit_rows and "
+                         "commit_interval set so (e.g. 200000/3), interleaved")
     args = ap.parse_args()
 
+    refs = args.references if args.references.is_file() else None
+    if refs is None:
+        print(f"no yardsticks at {args.references}: the pipeline alone, no ratios", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="spark-e2e-"))
     print(f"load before: {os.getloadavg()}; dir {tmp}", flush=True)
     lines = order_lines(args.lines)
     (tmp / "server").mkdir()
-    server, bp_env, _jvm, ready = start_server(tmp / "server")
+    server, bp_env, jvm, ready = start_server(tmp / "server")
     remote, token = bp_env["OFFBROADWAY_SPARK_REMOTE"], bp_env["OFFBROADWAY_SPARK_TOKEN"]
     print(f"Spark Connect server ready in {ready:.1f} s", flush=True)
-    from pyspark.sql.connect.client import DefaultChannelBuilder
-    from pyspark.sql.connect.session import SparkSession
-
-    builder = DefaultChannelBuilder(remote)
-    builder.set("token", token)
-    session = SparkSession.builder.channelBuilder(builder).create()
-    tables = priced_tables(lines)
-    session.createDataFrame(tables[0].slice(0, 1000)).write.mode("overwrite") \
-        .parquet(str(tmp / "warm"))   # the JIT warm-up no run should pay alone
-    results: dict[str, list[dict[str, Any]]] = {}
-
-    def record(name: str, r: dict[str, Any]) -> None:
-        results.setdefault(name, []).append(r)
-        extra = f" ({r['printed']}; {r['files']} files; wall {r['wall']:.1f} s)" \
-            if "printed" in r else ""
-        print(f"{name}: {r['rows']} rows in {r['seconds']:.1f} s = {r['rate']:,.0f} rows/s, "
-              f"load {r['load']:.1f}{extra}", flush=True)
-
+    runs: list[dict[str, Any]] = []
+    loops: list[float] = []
+    alones: list[float] = []
+    rabbit: dict[str, Any] | None = None
+    varied: list[dict[str, Any]] = []
     try:
         for rnd in range(args.rounds):
-            record("Spark alone (100k-row Arrow batches)",
-                   spark_alone(session, tables, tmp / f"alone-{rnd}"))
-            record("pyarrow alone (100k-row tables)", pyarrow_alone(tables, tmp / f"pa-{rnd}"))
             work = tmp / f"spool-{rnd}"
             write_spool(work / "var" / "spool", lines)
-            record("pipeline, spool, config/example.toml",
-                   run_pipeline(work, example_config(remote), token))
+            spool_copy = tmp / f"refs-{rnd}"
+            write_spool(spool_copy, lines)
+            r = run_pipeline(work, example_config(remote), token, jvm)
+            runs.append(r)
+            show(f"round {rnd + 1}: pipeline, spool, config/example.toml", r)
             if not args.keep:
                 shutil.rmtree(work, ignore_errors=True)
-            if args.max_demand:
-                work = tmp / f"spool-md-{rnd}"
+            if refs is not None:
+                ref = references(refs, spool_copy)
+                loops.append(ref["loop"])
+                alones.append(ref["alone"])
+                print(f"round {rnd + 1}: references: loop {ref['loop']:,.0f} rows/s, alone "
+                      f"{ref['alone']:,.0f} rows/s (load {ref['load']:.1f}); pipeline / loop "
+                      f"{r['rate'] / ref['loop']:.2f}, pipeline / alone "
+                      f"{r['rate'] / ref['alone']:.2f}", flush=True)
+            shutil.rmtree(spool_copy, ignore_errors=True)
+            if args.commit:
+                rows, secs = args.commit.split("/")
+                work = tmp / f"spool-commit-{rnd}"
                 write_spool(work / "var" / "spool", lines)
-                record(f"pipeline, spool, max_demand {args.max_demand}",
-                       run_pipeline(work, example_config(remote, max_demand=args.max_demand),
-                                    token))
+                r = run_pipeline(work, example_config(remote, commit=(int(rows), float(secs))),
+                                 token, jvm)
+                varied.append(r)
+                show(f"round {rnd + 1}: pipeline, spool, commit {args.commit}", r)
+                if loops:
+                    print(f"    / loop {r['rate'] / loops[-1]:.2f}", flush=True)
                 if not args.keep:
                     shutil.rmtree(work, ignore_errors=True)
         if not args.no_rabbitmq:
@@ -256,22 +274,43 @@ def main() -> int:
             try:
                 work = tmp / "rabbit"
                 work.mkdir()
-                record("pipeline, RabbitMQ, config/example.toml",
-                       run_pipeline(work, example_config(remote, rabbit_queue=queue), token))
+                rabbit = run_pipeline(work, example_config(remote, rabbit_queue=queue), token,
+                                      jvm)
+                show("pipeline, RabbitMQ, config/example.toml", rabbit)
             finally:
                 delete_queue(queue)
     finally:
-        session.stop()
         server.terminate()
         server.wait(60)
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    alone = statistics.median(r["rate"] for r in results["Spark alone (100k-row Arrow batches)"])
-    print("\n| run | rounds | median rows/s | ratio to Spark alone |\n| --- | ---: | ---: | ---: |")
-    for name, rs in results.items():
-        med = statistics.median(r["rate"] for r in rs)
-        print(f"| {name} | {len(rs)} | {med:,.0f} | {med / alone:.2f} |")
+    med = statistics.median(r["rate"] for r in runs)
+    print(f"\n| run | rounds | median rows/s | / loop | / alone |\n| --- | ---: | ---: | ---: | ---: |")
+    loop = statistics.median(loops) if loops else None
+    alone = statistics.median(alones) if alones else None
+
+    def ratio(x: float, ref: float | None) -> str:
+        return f"{x / ref:.2f}" if ref else "-"
+
+    print(f"| pipeline, spool | {len(runs)} | {med:,.0f} | {ratio(med, loop)} | "
+          f"{ratio(med, alone)} |")
+    if varied:
+        v = statistics.median(r["rate"] for r in varied)
+        print(f"| pipeline, spool, commit {args.commit} | {len(varied)} | {v:,.0f} | "
+              f"{ratio(v, loop)} | {ratio(v, alone)} |")
+    if rabbit is not None:
+        print(f"| pipeline, RabbitMQ | 1 | {rabbit['rate']:,.0f} | {ratio(rabbit['rate'], loop)}"
+              f" | {ratio(rabbit['rate'], alone)} |")
+    if loop:
+        print(f"| references: loop | {len(loops)} | {loop:,.0f} | 1.00 | {ratio(loop, alone)} |")
+        print(f"| references: alone | {len(alones)} | {alone:,.0f} | | 1.00 |")
+    print("\nper stage, median CPU us/row (spool runs): " + "  ".join(
+        f"{k} {statistics.median(r['us_per_row'][k] for r in runs):.1f}" for k in ROLES))
+    if varied:
+        print(f"per stage, median CPU us/row (commit {args.commit}): " + "  ".join(
+            f"{k} {statistics.median(r['us_per_row'][k] for r in varied):.1f}"
+            for k in ROLES))
     print(f"\nload after: {os.getloadavg()}")
     return 0
 

@@ -584,6 +584,7 @@ class Daemon:
             failed_to=board.failed_to() if failed else "", failures_retried=retried,
             written=written,
             output=spark.output if spark is not None else "",
+            table=spark.table if spark is not None else "",
             fmt=spark.format if spark is not None else "")
 
     def _until_idle_exit(self, books: outcome_mod.Outcome) -> int:

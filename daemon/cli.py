@@ -62,6 +62,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_spark_verify(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    from .spark_verify import verify
+
+    return verify(config)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     config, _notes = _load(args.config, full=True)
     configure_logging(config.runtime.log_level, config.runtime.log_format, "daemon")
@@ -362,6 +369,15 @@ def build_parser() -> argparse.ArgumentParser:
                            "pyspark and Java); exit 2 with one line naming the key.")
     check.add_argument("config", metavar="CONFIG", help=CONFIG_HELP)
     check.set_defaults(fn=cmd_check)
+    spark = sub.add_parser("spark", help="Spark datasets: `spark verify CONFIG`")
+    spark_sub = spark.add_subparsers(dest="spark_verb", required=True, metavar="COMMAND")
+    verify = spark_sub.add_parser(
+        "verify", help="count rows, messages, duplicates and commits in each dataset",
+        description="Read each batcher's dataset back through Spark and print its rows, "
+        "distinct message ids, duplicate rows and commits; exit 1 if any dataset holds a "
+        "message twice.")
+    verify.add_argument("config", metavar="CONFIG", help=CONFIG_HELP)
+    verify.set_defaults(fn=cmd_spark_verify)
 
     def target(p: argparse.ArgumentParser) -> None:
         p.add_argument("--config", metavar="CONFIG",

@@ -174,6 +174,10 @@ class SparkConfig:
     write_timeout: float = 600.0
     commit_rows: int = SPARK_COMMIT_ROWS
     commit_interval: float = SPARK_COMMIT_INTERVAL
+    #: where batch processors stage Parquet for Spark to read ("" = under state_dir)
+    staging: str = ""
+    #: a table of Spark's catalog instead of a dataset path ("{batcher}" in it: one each)
+    table: str = ""
 
 
 @dataclass(frozen=True)
@@ -321,7 +325,8 @@ def _spark(t: _Table) -> SparkConfig:
                      v.startswith("sc://") else "must be an sc://host:port URL"),
         token_env=t.get("token_env", str, ""),
         token_file=os.path.abspath(token_file) if token_file else "",
-        output=os.path.abspath(t.get("output", str, required=True)),
+        output=_output(t),
+        table=t.get("table", str, "", check=_table_check),
         format=t.get("format", str, "parquet", check=_one_of(SPARK_FORMATS)),
         partition_by=tuple(partition_by),
         schema=t.get("schema", str, ""),
@@ -335,7 +340,8 @@ def _spark(t: _Table) -> SparkConfig:
         # this many seconds of the oldest waiting batch, whichever comes first
         commit_rows=t.get("commit_rows", int, SPARK_COMMIT_ROWS, check=_positive),
         commit_interval=t.get("commit_interval", float, SPARK_COMMIT_INTERVAL,
-                              check=_positive))
+                              check=_positive),
+        staging=_staging(t.get("staging", str, "")))
     t.done()
     if out.conf and out.remote:
         raise ConfigError("spark.conf: sets the local Spark server's properties; with "
@@ -357,6 +363,26 @@ def _driver_memory(value: str) -> str | None:
         return ("below the 512m Spark needs (it refuses a driver heap under 450 MiB, and a "
                 "JVM given a few MiB dies at start without saying why)")
     return None
+
+
+_TABLE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*\.)?[A-Za-z_][A-Za-z0-9_{}]*$")
+
+
+def _table_check(v: str) -> str | None:
+    return None if _TABLE.match(v) and v.count("{") == v.count("{batcher}") else \
+        "must be a table name, 'name' or 'db.name' ('{batcher}' in it: one table per batcher)"
+
+
+def _output(t: _Table) -> str:
+    """``output``: required unless the rows go to a ``table`` of Spark's catalog."""
+    raw = t.get("output", str, "", required="table" not in t.raw)
+    return os.path.abspath(raw) if raw else ""
+
+
+def _staging(value: str) -> str:
+    """``staging``: a path (made absolute: Spark's working directory is not ours) or a
+    URI pyarrow and Spark both open (``hdfs://…``); empty: under the state dir."""
+    return value if not value or "://" in value else os.path.abspath(value)
 
 
 def _spark_conf(t: _Table) -> dict[str, str]:
@@ -433,6 +459,10 @@ def validate(raw: dict, path: str = "") -> Loaded:
     metrics = _metrics(root.table("metrics"))
     runtime = _runtime(root.table("runtime"))
     root.done()
+    if spark is not None and spark.table and len(batchers) > 1 and \
+            "{batcher}" not in spark.table:
+        raise ConfigError("spark.table: several batchers write several tables: put "
+                          "'{batcher}' in the name (e.g. \"orders_{batcher}\")")
     if spark is not None and not batchers:
         raise ConfigError("spark: a [spark] sink needs at least one [batchers.<key>] section "
                           "(Spark writes batches)")

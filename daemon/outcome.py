@@ -69,16 +69,20 @@ class Outcome:
     #: with [spark]: the output and its format, for the "wrote" lines
     output: str = ""
     fmt: str = ""
+    #: with [spark] table: the table's name ("{batcher}" stands for the key)
+    table: str = ""
 
     def lines(self) -> list[str]:
         """The run's last lines, on stdout."""
         out = []
         for w in self.written:
-            line = f"{self.pipeline}: wrote {w.rows} rows to {self.output}/{w.key} ({self.fmt})"
+            where = f"table {self.table.replace('{batcher}', w.key)}" if self.table \
+                else f"{self.output}/{w.key}"
+            line = f"{self.pipeline}: wrote {w.rows} rows to {where} ({self.fmt})"
             if w.unanswered:
                 line += (f"; {w.unanswered} of them were committed after their batch processor "
                          "stopped waiting, so their messages were not acked by that write "
-                         "(they are written again when redelivered; message_id tells them)")
+                         "(when redelivered they are acked, not written again)")
             out.append(line)
         line = f"{self.pipeline}: {self.acked} messages acked, {self.failed} failed"
         if self.failed and self.failed_to:

@@ -71,11 +71,35 @@ class _Incarnation:
         return f"_Incarnation(port={self.port})"
 
 
-def sink_settings(spark: SparkConfig) -> dict[str, Any]:
+def catalog_conf(spark: SparkConfig, state_dir: str) -> dict[str, str]:
+    """With ``[spark] table``: Spark's catalog kept on disk under the state dir (a Hive
+    metastore in embedded Derby, the warehouse beside it), so the table outlives the
+    server and any session opened with the same settings finds it by name
+    (``offbroadway spark verify`` does).  Nothing without a table."""
+    if not spark.table:
+        return {}
+    return {"spark.sql.catalogImplementation": "hive",
+            "spark.sql.warehouse.dir": os.path.join(state_dir, "spark-warehouse"),
+            "spark.hadoop.javax.jdo.option.ConnectionURL":
+                f"jdbc:derby:;databaseName={os.path.join(state_dir, 'spark-metastore')};"
+                f"create=true"}
+
+
+def staging_root(state_dir: str) -> str:
+    """Where batch processors stage their batches for Spark to read: under the daemon's
+    state dir (the same rule as :func:`offbroadway.stages.spark_staging.default_root`,
+    which this module does not import: it pulls in pyarrow)."""
+    return os.path.join(state_dir, "spark-staging")
+
+
+def sink_settings(spark: SparkConfig, state_dir: str = "") -> dict[str, Any]:
     """What a committer's stage spec carries: the sink's keyword arguments and the group
     commit's, token-free (only where a remote's token is, never the token)."""
     settings: dict[str, Any] = {
-        "output": spark.output, "format": spark.format,
+        "staging": spark.staging or (staging_root(state_dir) if state_dir else None),
+        # the committers' journals of commit stamps (stages/spark_once.py): local state
+        "journal": os.path.join(state_dir, "spark-commits") if state_dir else None,
+        "output": spark.output, "format": spark.format, "table": spark.table or None,
         "partition_by": list(spark.partition_by), "schema": spark.schema or None,
         "write_retry_seconds": spark.write_retry_seconds,
         "write_timeout": spark.write_timeout,
@@ -91,7 +115,7 @@ def sink_settings(spark: SparkConfig) -> dict[str, Any]:
 def plan(spark: SparkConfig, *, runtime_dir: str, state_dir: str,
          log_env: dict[str, str] | None = None) -> SparkPlan:
     """Turn the validated ``[spark]`` section into the child spec, env and sink settings."""
-    settings = sink_settings(spark)
+    settings = sink_settings(spark, state_dir or runtime_dir)
     if spark.remote:
         # A remote Connect endpoint: no local server; the token comes from token_env or
         # token_file in the committer's own environment / filesystem.
@@ -105,7 +129,9 @@ def plan(spark: SparkConfig, *, runtime_dir: str, state_dir: str,
         current.token = secrets.token_urlsafe(32)
         server = ServerSettings(
             port=current.port, token=current.token, dir=Path(spark_dir), master=spark.master,
-            driver_memory=spark.driver_memory, conf=spark.conf, stop_timeout=STOP_TIMEOUT)
+            driver_memory=spark.driver_memory,
+            conf={**catalog_conf(spark, state_dir or runtime_dir), **spark.conf},
+            stop_timeout=STOP_TIMEOUT)
         return {**server.to_env(), "SPARK_LOCAL_IP": "127.0.0.1",
                 **(log_env or {})}     # the pipeline's log level and format, as every stage
 

@@ -9,9 +9,10 @@ holds is finished; when a resize removes it, it cancels its subscription itself 
 reports ``left`` the same way.
 
 With Spark, a batch's rows become one Arrow table here (:mod:`.spark_rows`: a message
-that does not fit the schema fails alone, now) and go to the batcher's committer
-(:mod:`.committer`), which commits the batches of all batch processors together; the
-batch is acked when the committer answers.  Demand for the next batch is given back only
+that does not fit the schema fails alone, now), written as a Parquet file into the
+staging area (:mod:`.spark_staging`) whose name goes to the batcher's committer
+(:mod:`.committer`), which has Spark read the files of all batch processors in one job;
+the batch is acked when the committer answers.  Demand for the next batch is given back only
 then, so the batches waiting for Spark are bounded by ``max_demand`` (sized by the
 topology from the commit size) and a stalled Spark stops the pipeline upstream.
 """
@@ -167,6 +168,8 @@ class _SparkHandoff:
         self.schema_bytes: bytes | None = None
         self.schema_error: str | None = None
         self.schema_known = False            # the committer answered HELLO
+        self.staging: Any = None             # its StagingDir, from that answer
+        self.schema_ipc: tuple[Any, bytes] | None = None   # (schema, its IPC bytes)
         self.queued: list[tuple] = []        # batches that came before that answer
         # refs start at random so a new incarnation never takes an old one's answer
         self.next_ref = secrets.randbits(48)
@@ -189,6 +192,8 @@ class _SparkHandoff:
         if not self.schema_known:
             self.queued.append((up, trigger, messages, rows))
             return
+        import pyarrow as pa
+
         from . import spark_rows, spark_wire
 
         converted = spark_rows.convert(rows, self.schema, self.partition_by, self.schema_error)
@@ -203,7 +208,18 @@ class _SparkHandoff:
             return
         ref = self.next_ref
         self.next_ref += 1
-        self.sock.send(spark_wire.commit(ref, trigger, len(table), spark_rows.to_ipc(table)))
+        name = f"{self.stage.id}-{ref}.parquet"
+        try:
+            self.staging.write(table, name)
+        except (OSError, pa.ArrowException) as exc:   # a full disk: fail, never crash
+            reason = f"spark: staging the batch failed: {type(exc).__name__}: {exc}"
+            for m in converted.written:
+                m.status = reason
+            self.stage.finish(up, messages, rows)
+            return
+        if self.schema_ipc is None or not self.schema_ipc[0].equals(table.schema):
+            self.schema_ipc = (table.schema, spark_rows.schema_to_ipc(table.schema))
+        self.sock.send(spark_wire.commit(ref, trigger, len(table), name, self.schema_ipc[1]))
         self.pending[ref] = (up, messages, rows, time.perf_counter())
 
     def _on_committer(self, sock: zmq.Socket) -> None:
@@ -222,8 +238,11 @@ class _SparkHandoff:
                 log.warning("%s: dropped a malformed frame from the committer: %s", stage.id, exc)
                 continue
             if msg[0] == spark_wire.SCHEMA:
+                from .spark_staging import StagingDir
+
                 self._adopt(msg[1])
                 self.schema_error = msg[2]
+                self.staging = StagingDir(msg[3])
                 self.schema_known = True
                 queued, self.queued = self.queued, []
                 for item in queued:

@@ -2,7 +2,7 @@
 
 The pure core of the committer (:mod:`.committer`): no Spark, no sockets, no clock of its
 own (callers pass ``now``).  Why group at all: a Spark write costs ~100-270 ms whatever
-its size (docs/design-spark.md §6), so one job per 2,000-row Broadway batch spends most
+its size (docs/design-spark.md §7), so one job per 2,000-row Broadway batch spends most
 of its time in that fixed cost, and one job per 50,000 rows does not.
 
 The rule, the one databases use for group commit:
@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 #: Defaults, sized from the measured fixed cost per write (100-270 ms): at 50,000 rows
 #: the fixed cost is ~20-40% of a job at Spark's ~130-170k rows/s, and the committer
@@ -41,7 +40,8 @@ class Handed:
     rows: int
     trigger: str         # the BatchInfo trigger ("size", "timeout", "flush")
     at: float            # when it arrived (monotonic)
-    table: Any = field(default=None, repr=False)   # the rows (an Arrow table)
+    file: str = ""       # the staged Parquet file's name (in the batcher's staging dir)
+    schema: bytes = field(default=b"", repr=False)   # its Arrow schema, IPC bytes
 
 
 class CommitGroups:

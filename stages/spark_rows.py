@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, Sequence
 
 import pyarrow as pa
@@ -76,6 +77,10 @@ def convert(messages: Sequence[Message], schema: pa.Schema | None,
     (a DDL Spark cannot parse).  Used by the batch processor before the hand-over to the
     committer, and by :meth:`.spark_sink.SparkSink.write`.
     """
+    if schema is not None and not error and not partition_by:
+        fast = _convert_uniform(messages, schema)
+        if fast is not None:
+            return fast
     todo: list[Message] = []
     failed: list[Message] = []
     # a dict whose keys are all columns of a known schema needs no key-by-key check (the
@@ -111,6 +116,38 @@ def convert(messages: Sequence[Message], schema: pa.Schema | None,
 
 
 
+def _convert_uniform(messages: Sequence[Message], schema: pa.Schema) -> Rows | None:
+    """The usual batch, with no Python loop per row: every message healthy, its data a
+    dict holding exactly the schema's columns.  Checked with C-level ``map``s (types,
+    sizes, one ``itemgetter`` per row that raises on a missing key: with the sizes equal,
+    no extra key either), the columns transposed by ``zip``, each converted by one
+    :func:`_convert`.  None: not such a batch, or a value does not fit; the general path
+    then finds which messages fail and why."""
+    names = schema.names
+    if not names or not messages:
+        return None
+    if any(m.status is not None for m in messages):
+        return None
+    datas = [m.data for m in messages]
+    if set(map(type, datas)) != {dict} or set(map(len, datas)) != {len(names)}:
+        return None
+    try:
+        rows = list(map(itemgetter(*names), datas))
+    except KeyError:
+        return None
+    columns = zip(*rows) if len(names) > 1 else [rows]   # one name: the values themselves
+    try:
+        arrays = [_convert(col, f) for col, f in zip(columns, schema)]
+    except _CONVERT_ERRORS:
+        return None
+    try:
+        ids = pa.array([m.id for m in messages], pa.string())
+    except _CONVERT_ERRORS:   # ids that are not strings (a custom source's ints)
+        ids = pa.array([str(m.id) for m in messages], pa.string())
+    table = pa.Table.from_arrays([*arrays, ids], schema=pa.schema([*schema, ID_FIELD]))
+    return Rows(table, schema, list(messages), [])
+
+
 def _nested(t: pa.DataType) -> bool:
     return (pa.types.is_struct(t) or pa.types.is_list(t) or pa.types.is_large_list(t)
             or pa.types.is_map(t) or pa.types.is_fixed_size_list(t))
@@ -142,13 +179,21 @@ def _castable(src: pa.DataType, dst: pa.DataType) -> bool:
     return False
 
 
-def _convert(values: list, field: pa.Field) -> pa.Array:
+def _plain(arr: pa.Array, values: Sequence[Any]) -> pa.Array:
+    """Arrow's inference, in types Spark reads: a UUID column (Arrow's ``arrow.uuid``
+    extension, a Parquet UUID Spark has no type for) becomes its text form."""
+    if isinstance(arr.type, pa.BaseExtensionType):
+        return pa.array([None if v is None else str(v) for v in values], pa.string())
+    return arr
+
+
+def _convert(values: Sequence[Any], field: pa.Field) -> pa.Array:
     """One column, strictly (see :func:`_castable`); raises on any value that does not fit."""
     dst = field.type
     if _nested(dst):
         arr = pa.array(values, type=dst)
     else:
-        arr = pa.array(values)          # Arrow's inference: mixed Python types raise here
+        arr = _plain(pa.array(values), values)   # inference: mixed Python types raise
         if arr.type != dst:
             if not _castable(arr.type, dst):
                 raise TypeError(f"expected {dst}, got {arr.type}")
@@ -171,7 +216,8 @@ def infer_schema(rows: Sequence[Mapping[str, Any]]) -> pa.Schema:
     """Columns in first-seen order, typed by Arrow's inference over the whole batch.
 
     A column whose values disagree takes the type of its first value that converts (the
-    others then fail their messages); an all-null column becomes a string.
+    others then fail their messages); an all-null column becomes a string; a decimal
+    column DECIMAL(38, 18), as Spark infers one; a UUID its text.
     """
     names: dict[str, None] = {}
     for row in rows:
@@ -181,19 +227,23 @@ def infer_schema(rows: Sequence[Mapping[str, Any]]) -> pa.Schema:
     for name in names:
         values = [row.get(name) for row in rows]
         try:
-            t = pa.array(values).type
+            t = _plain(pa.array(values), values).type
         except _CONVERT_ERRORS:
             t = pa.null()
             for v in values:
                 if v is None:
                     continue
                 try:
-                    t = pa.array([v]).type
+                    t = _plain(pa.array([v]), [v]).type
                     break
                 except _CONVERT_ERRORS:
                     continue
         if pa.types.is_null(t):
             t = pa.string()
+        elif pa.types.is_decimal(t) and t.scale <= 18 and t.precision - t.scale <= 20:
+            # what Spark infers for a Python Decimal: a first batch of small prices must
+            # not fix DECIMAL(3,2) for every later one
+            t = pa.decimal128(38, 18)
         fields.append(pa.field(name, t))
     return pa.schema(fields)
 

@@ -1,9 +1,10 @@
-"""The Spark side of a dataset: one Spark Connect session that commits Arrow tables.
+"""The Spark side of a dataset: one Spark Connect session that commits staged Parquet files.
 
 Used by a batcher's committer (:mod:`.committer`), which groups the batches of all its
 batch processors into one Spark job, and by anything that writes batches on its own
-(:meth:`SparkSink.write`: convert and commit in one go).  It pulls in pyspark's Connect
-client (pandas, pyarrow, grpc: ~135 MB, ~0.8 s), which no other stage should pay for.
+(:meth:`SparkSink.write`: convert, stage and commit in one go).  It pulls in pyspark's
+Connect client (pandas, pyarrow, grpc: ~135 MB, ~0.8 s), which no other stage should pay
+for.
 
 Where it connects, with which token
     ``remote`` (``sc://host:port``) from the settings, else what the daemon handed over for
@@ -16,18 +17,18 @@ What lands where
     ``ingested_at`` (UTC timestamp of the commit).  ``spark.read.parquet("<output>/<batcher>")``
     reads it; no column is added by the layout.
 
-How a commit stays safe when jobs overlap (measured, see docs/design-spark.md §4)
-    Two Spark jobs appending into one directory share its ``_temporary`` and each job's
-    commit deletes it: rows of the other job vanish while its write *reports success*.
-    So no job ever writes into the dataset directory: each attempt writes into a staging
-    directory of its own, ``<dataset>/_staging/<writer_id>-<uuid>`` (hidden from Spark and
-    pyarrow readers by its leading ``_``), and once Spark reported the job committed, its
-    part files (named by Spark with the job's UUID) are renamed into the dataset.  A job we
-    lost track of (a client killed mid-write, a timed-out RPC) can only ever write into its
-    own staging directory, which is never published: its batch is written again by the
-    retry (a duplicate only if the rename itself was interrupted; every row carries
-    ``message_id`` for ``dropDuplicates(["message_id"])``).  The renames need the output to
-    be a filesystem path this process shares with Spark (local, NFS, a mounted volume).
+How a commit works (docs/design-spark.md §3-4)
+    The rows are already Parquet files in the staging area (:mod:`.spark_staging`); one
+    Spark job reads the whole group (``spark.read.schema(…).parquet(files)``), adds
+    ``ingested_at`` (the commit's stamp: unique per commit, its identity, see
+    :mod:`.spark_once`) and appends it to the dataset: Spark alone writes the output, so
+    an output only the Spark cluster can see works.  Two Spark jobs appending into one
+    directory share its ``_temporary`` and each job's commit deletes it (rows of the other
+    job vanish while it *reports success*, measured), so jobs must never overlap: writers
+    sharing a staging area take a lock per dataset around each job, one committer per
+    dataset runs one job at a time, and its jobs are not reattachable, so the server
+    interrupts a job whose client died (a SIGKILLed committer leaves no job running
+    behind its successor's back).
 
 Schema
     ``schema`` is a Spark DDL string (``"seq BIGINT, payload STRING, at TIMESTAMP"``),
@@ -49,18 +50,20 @@ Faults
 from __future__ import annotations
 
 import atexit
+import contextlib
+import fcntl
+import hashlib
 import logging
 import os
 import re
-import shutil
+import tempfile
 import threading
 import time
 import uuid
 import warnings
 import weakref
-from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, Callable, Iterator, Sequence
 
 import grpc
 import pyarrow as pa
@@ -78,14 +81,16 @@ from pyspark.errors.exceptions.connect import (
 from pyspark.sql.connect.client import DefaultChannelBuilder
 from pyspark.sql.connect.client.retries import DefaultPolicy
 from pyspark.sql.connect.session import SparkSession
-from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.connect import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 
 from . import spark_remote
-from .spark_rows import INGESTED_TYPE, RESERVED, convert
+from .spark_rows import RESERVED, convert
+from .spark_staging import StagingDir
 
-__all__ = ["FORMATS", "RESERVED", "STAGING", "CommitFailed", "SparkSink", "WriteAbandoned",
-           "publish"]
+__all__ = ["FORMATS", "RESERVED", "SESSION_CONF", "CommitFailed", "SparkSink",
+           "WriteAbandoned"]
 
 log = logging.getLogger("offbroadway.spark_sink")
 # pyspark warns each time its (deliberately short) client retry policy gives up; our own
@@ -93,8 +98,15 @@ log = logging.getLogger("offbroadway.spark_sink")
 warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]")
 
 FORMATS = ("parquet", "json", "orc")
-#: where each job writes before its files are published into the dataset
-STAGING = "_staging"
+#: Set on every session (runtime SQL properties, so they hold on a remote server too):
+#: ``ingested_at`` in UTC; timestamps as Parquet TIMESTAMP (microseconds), not the legacy
+#: INT96 Spark writes by default; a group of up to thousands of staged files listed by
+#: the driver (above the default 32 paths Spark starts a listing *job*: ~0.1 s more).
+SESSION_CONF = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
+}
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 #: Errors that say "this plan/data is wrong": retrying cannot help.
@@ -145,6 +157,14 @@ def _one_line(exc: BaseException, limit: int = 300) -> str:
     return f"{type(exc).__name__}: {first}"[:limit]
 
 
+def _missing(exc: BaseException) -> bool:
+    """Spark says the dataset (or table) does not exist yet, or holds no data file (a
+    first job killed before any task committed leaves only its ``_temporary``)."""
+    text = str(exc)
+    return any(code in text for code in ("PATH_NOT_FOUND", "TABLE_OR_VIEW_NOT_FOUND",
+                                         "UNABLE_TO_INFER_SCHEMA"))
+
+
 def transient(exc: BaseException) -> bool:
     """Worth retrying: the server may answer differently in a moment."""
     if isinstance(exc, (_Timeout, OSError, grpc.RpcError)):
@@ -192,6 +212,7 @@ class SparkSink:
                  should_stop: Callable[[], bool] = lambda: False,
                  token_env: str | None = None, token_file: str | None = None,
                  write_retry_seconds: float = 60.0, write_timeout: float = 600.0,
+                 staging: str | None = None, table: str | None = None,
                  **options: Any) -> None:
         remote = remote or os.environ.get(spark_remote.ENV_REMOTE)
         if not remote:
@@ -199,15 +220,17 @@ class SparkSink:
                              f"environment")
         if format not in FORMATS:
             raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
-        if not output:
-            raise ValueError("output is required")
+        if not output and not table:
+            raise ValueError("output (or table) is required")
         if not _SAFE_NAME.match(writer_id):
             raise ValueError(f"writer_id {writer_id!r} is not a safe directory name")
         for col in partition_by:
             if col in RESERVED:
                 raise ValueError(f"partition_by cannot use the reserved column {col!r}")
         self.remote = spark_remote.normalize_remote(remote)
-        self.output = output.rstrip("/")
+        self.output = (output or "").rstrip("/")
+        #: a table of Spark's catalog per batcher ("{batcher}" replaced), else None
+        self.table = table or None
         self.format = format
         self.partition_by = tuple(partition_by)
         self.ddl = schema or None
@@ -224,17 +247,27 @@ class SparkSink:
         self._arrow_schema: pa.Schema | None = None     # from the DDL, data columns only
         self._inferred: dict[str, pa.Schema] = {}
         self._permanent_error: str | None = None
-        self._swept: set[str] = set()
+        #: where :meth:`write` stages (the committer stages through its batch processors)
+        self.staging = staging or os.path.join(tempfile.gettempdir(),
+                                               f"offbroadway-staging-{os.getuid()}")
+        self._last_stamp = datetime.min.replace(tzinfo=UTC)
         self.stats = {"writes": 0, "rows": 0, "retries": 0, "failed_batches": 0,
                       "failed_rows": 0}
         _open_sinks.add(self)
 
     # -- public ----------------------------------------------------------------------------
     def dataset_path(self, batcher: str) -> str:
-        """The one dataset of ``batcher``: ``spark.read.parquet(<this>)``."""
+        """The one dataset of ``batcher``: ``spark.read.parquet(<this>)``, or with
+        ``table`` the table's name (``spark.table(<this>)``)."""
         if not _SAFE_NAME.match(batcher):
             raise ValueError(f"batcher {batcher!r} is not a safe directory name")
+        if self.table:
+            return self.table.replace("{batcher}", batcher)
         return f"{self.output}/{batcher}"
+
+    def _read(self, spark: SparkSession, dataset: str) -> Any:
+        return spark.table(dataset) if self.table else \
+            spark.read.format(self.format).load(dataset)
 
     def data_schema(self) -> pa.Schema | None:
         """The DDL's data columns as Arrow (parsed by the server, retried like a write), or
@@ -246,23 +279,99 @@ class SparkSink:
             raise CommitFailed(self._permanent_error, permanent=True)
         return self._retrying(lambda: self._ddl_schema(self._session()), "parsing the schema")
 
-    def commit(self, batcher: str, table: pa.Table) -> None:
-        """One Spark job appending ``table`` (data columns + ``message_id``) to the dataset.
+    def existing_schema(self, batcher: str) -> pa.Schema | None:
+        """The data columns of the dataset as Spark reads it now (None: no dataset yet):
+        the schema the first commit fixed, persisted with the data itself, so a later run
+        conforms to it instead of inferring its own (a whole-number price must not write
+        ``total`` as BIGINT beside DOUBLE files).  Retried like a write."""
+        dataset = self.dataset_path(batcher)
 
-        The job writes into a staging directory of its own under ``<dataset>/_staging/``
-        and the part files are then renamed into the dataset (module docstring).  Retried
-        on transient errors within ``write_retry_seconds``; raises :class:`CommitFailed`
-        or :class:`WriteAbandoned`; returns only once the rows are in the dataset."""
+        def query() -> pa.Schema | None:
+            spark = self._session()
+            try:
+                found = self._call(lambda: self._read(spark, dataset).schema)
+            except AnalysisException as exc:
+                if _missing(exc) or "UNABLE_TO_INFER_SCHEMA" in str(exc):
+                    return None
+                raise _Permanent(f"spark: reading the dataset's schema: {_one_line(exc)}") \
+                    from exc
+            except Exception as exc:
+                if transient(exc):
+                    self._drop_session()
+                raise
+            data = StructType([f for f in found.fields if f.name not in RESERVED])
+            return to_arrow_schema(data, timezone="UTC") if data.fields else None
+
+        return self._retrying(query, f"reading the schema of {dataset}")
+
+    def next_stamp(self) -> datetime:
+        """A commit's identity: its ``ingested_at``, unique and increasing per sink."""
+        stamp = max(datetime.now(UTC), self._last_stamp + timedelta(microseconds=1))
+        self._last_stamp = stamp
+        return stamp
+
+    def ids_of(self, batcher: str, stamps: Sequence[datetime]) -> pa.Array:
+        """The ``message_id``s of the rows committed with these stamps (none when the
+        dataset does not exist yet).  Retried like a write; :class:`CommitFailed`."""
+        dataset = self.dataset_path(batcher)
+
+        def query() -> pa.Array:
+            spark = self._session()
+            try:
+                df = self._rows_stamped(spark, dataset, stamps)
+                table = self._call(lambda: df.select("message_id").toArrow())
+            except AnalysisException as exc:
+                if _missing(exc):
+                    return pa.array([], pa.string())
+                raise _Permanent(f"spark: reading the last commits: {_one_line(exc)}") \
+                    from exc
+            except Exception as exc:
+                if transient(exc):
+                    self._drop_session()
+                raise
+            return table.column("message_id").combine_chunks()
+
+        return self._retrying(query, f"reading the last commits of {dataset}")
+
+    def _rows_stamped(self, spark: SparkSession, dataset: str, stamps: Sequence[datetime]
+                      ) -> Any:
+        return self._read(spark, dataset).where(F.col("ingested_at").isin(list(stamps)))
+
+    def commit_files(self, batcher: str, files: Sequence[str], schema: pa.Schema,
+                     rows: int | None = None, stamp: datetime | None = None) -> datetime:
+        """One Spark job appending the staged Parquet ``files`` (all in ``schema``: the
+        data columns + ``message_id``) to the dataset, with ``ingested_at`` set to the
+        commit's stamp (unique per commit of this sink, returned).
+
+        Retried on transient errors within ``write_retry_seconds``; raises
+        :class:`CommitFailed` or :class:`WriteAbandoned`; returns only once Spark reported
+        the job committed."""
         dataset = self.dataset_path(batcher)
         if self._permanent_error is not None:
             raise CommitFailed(self._permanent_error, permanent=True)
-        self._sweep(dataset)
-        table = table.append_column(pa.field("ingested_at", INGESTED_TYPE, nullable=False),
-                                    pa.repeat(pa.scalar(datetime.now(UTC), INGESTED_TYPE),
-                                              len(table)))
-        self._retrying(lambda: self._attempt(dataset, table), f"writing {dataset}")
+        stamp = stamp or self.next_stamp()
+        read_schema = from_arrow_schema(schema)
+        attempts = [0]
+
+        def attempt() -> None:
+            attempts[0] += 1
+            self._attempt(dataset, list(files), read_schema, stamp, again=attempts[0] > 1)
+
+        self._retrying(attempt, f"writing {dataset}")
         self.stats["writes"] += 1
-        self.stats["rows"] += len(table)
+        if rows is not None:
+            self.stats["rows"] += rows
+        return stamp
+
+    def commit(self, batcher: str, table: pa.Table) -> None:
+        """Stage ``table`` (data columns + ``message_id``) and commit it alone."""
+        staging = StagingDir(os.path.join(self.staging, batcher))
+        name = f"{self.writer_id}-{uuid.uuid4().hex}.parquet"
+        staging.write(table, name)
+        try:
+            self.commit_files(batcher, [staging.spark_uri(name)], table.schema, len(table))
+        finally:
+            staging.remove([name])
 
     def write(self, batcher: str, messages: list[Message]) -> None:
         """Convert and commit in one go (one process, no committer): one row per healthy
@@ -358,6 +467,11 @@ class SparkSink:
             spark.client.set_retry_policies([DefaultPolicy(
                 max_retries=3, initial_backoff=100, max_backoff=1000, backoff_multiplier=3.0,
                 jitter=100, min_jitter_threshold=0)])
+            # a job whose client is gone is interrupted by the server instead of going on
+            # writing behind the back of the next committer (module docstring)
+            spark.client.disable_reattachable_execute()
+            for key, value in SESSION_CONF.items():
+                spark.conf.set(key, value)
             self._spark = spark
         return self._spark
 
@@ -396,43 +510,83 @@ class SparkSink:
             raise box["error"]
         return box.get("value")
 
-    def _sweep(self, dataset: str) -> None:
-        """Once per dataset: remove staging directories an earlier incarnation of this
-        writer left (a job it lost track of may still write there; nothing ever reads
-        them, and removing them makes such a job fail instead of leaving files)."""
-        if dataset in self._swept:
-            return
-        self._swept.add(dataset)
-        staging = Path(dataset) / STAGING
-        for old in staging.glob(f"{self.writer_id}-*") if staging.is_dir() else ():
-            shutil.rmtree(old, ignore_errors=True)
-
-    def _attempt(self, dataset: str, table: pa.Table) -> None:
-        stage = f"{dataset}/{STAGING}/{self.writer_id}-{uuid.uuid4().hex}"
+    def _attempt(self, dataset: str, files: list[str], read_schema: StructType,
+                 stamp: datetime, again: bool = False) -> None:
+        """One try.  ``again``: an earlier try of this very commit failed, maybe after
+        Spark committed some of it (a job interrupted in its commit, a call timed out after
+        the job ended): the rows already there with its stamp are left out."""
         try:
             spark = self._session()
 
             def run() -> None:
-                df = spark.createDataFrame(table, schema=self._spark_schema) \
-                    if self._spark_schema is not None else spark.createDataFrame(table)
-                writer = df.write.mode("append").format(self.format)
+                df = spark.read.schema(read_schema).parquet(*files) \
+                    .withColumn("ingested_at", F.lit(stamp))
+                if again:
+                    try:
+                        there = self._rows_stamped(spark, dataset, [stamp]) \
+                            .select("message_id")
+                        if there.limit(1).count():
+                            df = df.join(there, "message_id", "left_anti")                                 .select(*read_schema.names, "ingested_at")
+                    except AnalysisException as exc:
+                        if not _missing(exc):
+                            raise
+                # version 2: a task's files land in the dataset when the task commits, so
+                # a job killed midway (the JVM SIGKILLed) leaves its committed tasks'
+                # rows visible under its stamp, where the next committer finds them
+                # (spark_once), instead of in _temporary/0/task_* for the next job's
+                # commit to merge after that check (version 1)
+                writer = df.write.mode("append").format(self.format) \
+                    .option("mapreduce.fileoutputcommitter.algorithm.version", "2")
                 if self.partition_by:
                     writer = writer.partitionBy(*self.partition_by)
                 if self.options:
                     writer = writer.options(**self.options)
-                writer.save(stage)
+                if self.table:   # created by the first write, in Spark's catalog
+                    writer.saveAsTable(dataset)
+                else:
+                    writer.save(dataset)
 
-            self._call(run)
+            with self._dataset_lock(dataset):
+                self._call(run)
         except Exception as exc:
-            # A job we no longer track may still run and write into this staging
-            # directory: it is never published; remove what is there now.
-            shutil.rmtree(stage, ignore_errors=True)
             if isinstance(exc, _PERMANENT):
                 raise _Permanent(f"spark: Spark rejected the batch: {_one_line(exc)}") from exc
             if transient(exc):
                 self._drop_session()
             raise
-        publish(stage, dataset)
+
+    @contextlib.contextmanager
+    def _dataset_lock(self, dataset: str) -> Iterator[None]:
+        """One Spark job at a time per dataset among the writers that share this staging
+        area (a committer and anything else writing with :meth:`write`): an ``flock`` on
+        ``<staging>/locks/<hash of the dataset>.lock``, released by the kernel if the
+        holder dies.  Waited for with heartbeats; skipped for a staging area that is not
+        a local path (one committer per dataset is the rule there)."""
+        if "://" in self.staging and not self.staging.startswith("file://"):
+            yield
+            return
+        root = self.staging.removeprefix("file://")
+        os.makedirs(os.path.join(root, "locks"), exist_ok=True)
+        name = hashlib.sha1(dataset.encode()).hexdigest()[:20]
+        fd = os.open(os.path.join(root, "locks", f"{name}.lock"), os.O_RDWR | os.O_CREAT,
+                     0o600)
+        try:
+            last = time.monotonic()
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if self.should_stop():
+                        raise WriteAbandoned("stopping while waiting for the dataset") \
+                            from None
+                    if time.monotonic() - last >= 1.0:
+                        self.on_wait()
+                        last = time.monotonic()
+                    time.sleep(0.02)
+            yield
+        finally:
+            os.close(fd)   # releases the lock
 
     def _ddl_schema(self, spark: SparkSession) -> pa.Schema:
         if self._arrow_schema is None:
@@ -485,23 +639,3 @@ class SparkSink:
         log.warning("Spark write attempt %d failed (%s); retrying in %.1f s",
                     state.attempt_number, _one_line(exc) if exc else "?", wait)
 
-
-def publish(stage: str, dataset: str) -> int:
-    """Move a committed job's data files from its staging directory into the dataset.
-
-    Part files are named by Spark with the job's UUID, so they never collide; each rename
-    is atomic on a local or network filesystem.  Hidden files (``_SUCCESS``, ``.crc``) stay
-    behind and go with the staging directory.  Returns the number of files moved."""
-    moved = 0
-    for root, dirs, files in os.walk(stage):
-        dirs[:] = [d for d in dirs if not d.startswith(("_", "."))]
-        rel = os.path.relpath(root, stage)
-        target = dataset if rel == "." else os.path.join(dataset, rel)
-        for name in files:
-            if name.startswith(("_", ".")):
-                continue
-            os.makedirs(target, exist_ok=True)
-            os.rename(os.path.join(root, name), os.path.join(target, name))
-            moved += 1
-    shutil.rmtree(stage, ignore_errors=True)
-    return moved

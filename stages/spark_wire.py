@@ -1,9 +1,10 @@
 """The records between a batch processor and its batcher's committer (one definition).
 
 msgpack arrays ``[VERSION, KIND, *fields]`` over the committer's ROUTER socket (the
-batch processor connects a DEALER under its stage id).  Rows travel as Arrow IPC stream
-bytes inside the msgpack frame: Arrow carries every type a row may hold (decimals,
-timestamps, nested values) and the committer concatenates tables without touching a row.
+batch processor connects a DEALER under its stage id).  Rows do not travel here: a batch
+processor writes its batch as a Parquet file into the staging area
+(:mod:`.spark_staging`) and hands over the file's name; Spark reads the files of a whole
+group in one job.
 
 =========  ======================  ======================================================
 kind       direction               fields
@@ -13,8 +14,11 @@ HELLO      batch proc → committer  (none): a new incarnation; the committer fo
                                    answers with SCHEMA
 SCHEMA     committer → batch proc  schema (Arrow IPC schema bytes, or None: not fixed
                                    yet), error (str or None: every row fails with it, e.g.
-                                   a DDL Spark cannot parse)
-COMMIT     batch proc → committer  ref (int), trigger (str), rows (int), table (IPC bytes)
+                                   a DDL Spark cannot parse), staging (str: the URI of the
+                                   directory where this batcher's batches are staged)
+COMMIT     batch proc → committer  ref (int), trigger (str), rows (int), file (str: the
+                                   staged file's name), schema (the file's Arrow schema,
+                                   IPC bytes)
 RESULT     committer → batch proc  ref, error (None: the Spark job holding the batch
                                    committed), schema (the dataset's schema, IPC bytes or
                                    None)
@@ -27,14 +31,14 @@ from typing import Any
 
 import msgpack
 
-VERSION = 1
+VERSION = 2
 HELLO = 1
 SCHEMA = 2
 COMMIT = 3
 RESULT = 4
-_ARITY = {HELLO: 0, SCHEMA: 2, COMMIT: 4, RESULT: 3}
-#: a COMMIT carries one Broadway batch: 256 MiB is far beyond any sane batch
-MAX_FRAME_BYTES = 256 * 1024 * 1024
+_ARITY = {HELLO: 0, SCHEMA: 3, COMMIT: 5, RESULT: 3}
+#: frames carry names and schemas, never rows
+MAX_FRAME_BYTES = 16 * 1024 * 1024
 
 
 class WireError(ValueError):
@@ -49,12 +53,12 @@ def hello() -> bytes:
     return _pack(HELLO)
 
 
-def schema(schema_ipc: bytes | None, error: str | None) -> bytes:
-    return _pack(SCHEMA, schema_ipc, error)
+def schema(schema_ipc: bytes | None, error: str | None, staging: str) -> bytes:
+    return _pack(SCHEMA, schema_ipc, error, staging)
 
 
-def commit(ref: int, trigger: str, rows: int, table_ipc: bytes) -> bytes:
-    return _pack(COMMIT, ref, trigger, rows, table_ipc)
+def commit(ref: int, trigger: str, rows: int, file: str, schema_ipc: bytes) -> bytes:
+    return _pack(COMMIT, ref, trigger, rows, file, schema_ipc)
 
 
 def result(ref: int, error: str | None, schema_ipc: bytes | None) -> bytes:

@@ -137,13 +137,13 @@ def test_conform_brings_a_table_to_the_datasets_schema_or_says_why():
 
 def test_wire_records_round_trip_and_garbage_is_refused():
     assert spark_wire.decode(spark_wire.hello()) == [spark_wire.HELLO]
-    assert spark_wire.decode(spark_wire.commit(7, "flush", 2, b"ipc")) == \
-        [spark_wire.COMMIT, 7, "flush", 2, b"ipc"]
+    assert spark_wire.decode(spark_wire.commit(7, "flush", 2, "bp-7.parquet", b"s")) == \
+        [spark_wire.COMMIT, 7, "flush", 2, "bp-7.parquet", b"s"]
     assert spark_wire.decode(spark_wire.result(7, None, None)) == \
         [spark_wire.RESULT, 7, None, None]
-    assert spark_wire.decode(spark_wire.schema(b"s", "bad ddl")) == \
-        [spark_wire.SCHEMA, b"s", "bad ddl"]
+    assert spark_wire.decode(spark_wire.schema(b"s", "bad ddl", "file:///st")) == \
+        [spark_wire.SCHEMA, b"s", "bad ddl", "file:///st"]
     for frame in (b"", b"\xc1", spark_wire.hello()[:-1] + b"\x09",
-                  spark_wire.commit(1, "size", 1, b"")[:-3]):
+                  spark_wire.commit(1, "size", 1, "f", b"")[:-3]):
         with pytest.raises(spark_wire.WireError):
             spark_wire.decode(frame)

@@ -1,0 +1,193 @@
+"""Writing each message once: the committer's commit journal and its set of ids in doubt.
+
+Why (docs/design-spark.md §5): a message is acknowledged only after the Spark job holding
+it committed, so a crash can leave rows committed but not acknowledged; their source
+delivers them again, and without this they would be written twice.  Which messages can
+that be?  Only those of the last jobs before the crash:
+
+* each commit has an identity, its ``ingested_at`` stamp (unique per committer, written
+  with every row of the commit, so it lives where Spark writes, also on a cluster);
+* before a job starts, the committer appends its stamp to a small **journal** in the
+  daemon's state dir (fsync'd; the last :data:`KEEP` stamps kept, so it stays bounded);
+* a new committer incarnation reads the journal's last :data:`RECOVER` stamps and asks
+  Spark for the ``message_id``s of the rows with those stamps: the **ids in doubt**;
+* a batch processor that restarts while the committer lives leaves the ids of its
+  recently committed batches in doubt (the committer keeps their staged files, the last
+  :data:`PEER_BATCHES` per batch processor, and reads the ids only then);
+* a stage's death hands *every* message in flight back to its source (the producers'
+  in-flight table), while stale copies of some are still on their way to the committer
+  through the stages that live on; so after any restart (a batch processor's new
+  incarnation says hello, or the committer itself starts with a journal) the committer
+  **watches**: for the next :data:`WATCH` × ``max_rows`` committed rows, every id it
+  commits is in doubt too, and whichever copy of a message comes first is the one
+  written;
+* every staged batch is checked against the ids in doubt (``pc.is_in`` over the whole
+  group's ids at once, in C, only while any are in doubt): rows already committed are
+  dropped from the file before Spark reads it, and their messages are acknowledged as
+  written.  The set is forgotten :data:`HORIZON` seconds after it last grew once the
+  watch is over (the source redelivers at once; anything later is a new delivery).
+
+No pyspark here: the Spark query is the sink's (:meth:`.spark_sink.SparkSink.ids_of`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from datetime import datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = ["Doubt", "Journal", "RecentFiles"]
+
+#: stamps kept in the journal (rewritten to this many once it holds ten times more)
+KEEP = 16
+#: the jobs a crash can leave committed but not acknowledged: the one running and the
+#: ones just before whose answers may not have reached their batch processors yet
+RECOVER = 3
+#: committed batches remembered per batch processor (its unacknowledged answers are at
+#: most its ``max_demand`` batches, sized by the topology to ~51 for the README's config)
+PEER_BATCHES = 128
+#: seconds after which ids still in doubt are forgotten
+HORIZON = 600.0
+#: a watch lasts this many largest jobs' worth of rows: more than the pipeline holds in
+#: flight (the batch processors' demand is sized to two jobs)
+WATCH = 2
+
+
+class Journal:
+    """The stamps of the commits this committer started, newest last (a local file)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lines = 0
+
+    def last(self, n: int = RECOVER) -> list[datetime]:
+        try:
+            lines = self.path.read_text().split()
+        except FileNotFoundError:
+            return []
+        out: list[datetime] = []
+        for line in reversed(lines):
+            if len(out) == n:
+                break
+            try:
+                out.append(datetime.fromisoformat(line))
+            except ValueError:   # a torn line (killed mid-write): that job never started
+                continue
+        return out[::-1]
+
+    def record(self, stamp: datetime) -> None:
+        """Durably, before the job starts: a crash after this line leaves the commit in
+        doubt, never unknown."""
+        if self._lines >= 10 * KEEP:
+            self._compact()
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            # a leading newline ends a line torn by a crash (blank lines are skipped)
+            os.write(fd, f"\n{stamp.isoformat()}\n".encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._lines += 1
+
+    def _compact(self) -> None:
+        keep = [s.isoformat() for s in self.last(KEEP)]
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(f"{s}\n" for s in keep))
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        self._lines = len(keep)
+
+
+class Doubt:
+    """Message ids that may already be in the dataset (see the module docstring), and,
+    while a restart's stale copies may still flow, every id committed since."""
+
+    def __init__(self, horizon: float = HORIZON) -> None:
+        self.horizon = horizon
+        self._ids: pa.Array | None = None
+        self._until = 0.0
+        self._watch_left = 0
+        self.skipped = 0
+
+    def __len__(self) -> int:
+        return 0 if self._ids is None else len(self._ids)
+
+    @property
+    def watching(self) -> bool:
+        return self._watch_left > 0
+
+    def active(self, now: float | None = None) -> bool:
+        """Whether batches must be checked now (ids in doubt, or a watch running)."""
+        if self._watch_left <= 0 and self._ids is not None and \
+                (time.monotonic() if now is None else now) > self._until:
+            self._ids = None   # past the horizon: forgotten
+        return self._ids is not None or self._watch_left > 0
+
+    def add(self, ids: pa.Array | pa.ChunkedArray, now: float | None = None) -> None:
+        ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+        if not len(ids):
+            return
+        ids = ids.cast(pa.string())
+        self._ids = ids if self._ids is None else pa.concat_arrays([self._ids, ids])
+        self._ids = pc.unique(self._ids)
+        self._until = (time.monotonic() if now is None else now) + self.horizon
+
+    def watch(self, rows: int) -> None:
+        """A restart just handed every message in flight back to its source, while stale
+        copies of some may still be on their way here: for the next ``rows`` committed
+        rows, every committed id is in doubt too (whichever copy comes first is written,
+        the other is not)."""
+        self._watch_left = max(self._watch_left, rows)
+
+    def committed(self, ids: pa.Array | pa.ChunkedArray) -> None:
+        """The ids a job just committed: in doubt too while the watch lasts."""
+        if self._watch_left > 0:
+            self.add(ids)
+            self._watch_left -= len(ids)
+
+    def mask(self, ids: pa.Array) -> pa.Array | None:
+        """True where an id is in doubt (None: none is)."""
+        if self._ids is None or not len(ids):
+            return None
+        hit = pc.is_in(ids, value_set=self._ids)
+        return hit if pc.any(hit).as_py() else None
+
+    def filter(self, table: pa.Table) -> pa.Table | None:
+        """``table`` without the rows in doubt; None when none of them is."""
+        hit = self.mask(table.column("message_id").combine_chunks())
+        if hit is None:
+            return None
+        self.skipped += pc.sum(hit).as_py() or 0
+        return table.filter(pc.invert(hit))
+
+
+class RecentFiles:
+    """Per batch processor, the staged files of its last committed batches, kept on disk
+    (no per-row cost while nothing fails): if it restarts, the ids in them are in doubt
+    (its answers may not all have become acks)."""
+
+    def __init__(self, batches: int = PEER_BATCHES) -> None:
+        self.batches = batches
+        self._by_peer: dict[bytes, deque[str]] = {}
+
+    def add(self, peer: bytes, name: str) -> str | None:
+        """Remember ``name``; returns the file that falls out of the window (to remove)."""
+        q = self._by_peer.setdefault(peer, deque())
+        q.append(name)
+        return q.popleft() if len(q) > self.batches else None
+
+    def pop(self, peer: bytes) -> list[str]:
+        return list(self._by_peer.pop(peer, ()))
+
+    def names(self) -> set[str]:
+        return {n for q in self._by_peer.values() for n in q}

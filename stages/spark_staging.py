@@ -1,0 +1,85 @@
+"""The staging area: where batch processors leave their batches as Parquet for Spark.
+
+Why (docs/design-spark.md §3): rows become Arrow once, in the batch processor, and
+``pq.write_table`` writes them at millions of rows a second in C.  The committer then has
+Spark ingest a whole group of staged files in one job (``spark.read.parquet(files)``:
+Spark's vectorised reader, parallel tasks; on a cluster the executors read the staging
+area themselves), so no row passes through the Spark driver as a local relation and no
+Python loop per row runs after the conversion.
+
+The staging area is not the output: only Spark writes the dataset.  It must be a place
+both the batch processors and Spark can read: a local directory for the daemon's own
+Spark (the default, ``<state_dir>/spark-staging``), or a URI pyarrow and Spark both
+understand (``hdfs://…``, a shared mount) for a cluster.  Each batcher stages under
+``<root>/<batcher>/``; a file is named ``<batch processor id>-<ref>.parquet``, so a batch
+processor's leftovers can be swept by name when it restarts.
+
+pyarrow only: the batch processors import this, and they never import pyspark.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+__all__ = ["StagingDir", "default_root"]
+
+SUFFIX = ".parquet"
+
+
+def default_root(state_dir: str) -> str:
+    """The staging root of a daemon whose state lives in ``state_dir``."""
+    return os.path.join(state_dir, "spark-staging")
+
+
+class StagingDir:
+    """One batcher's staging directory, as a URI both pyarrow and Spark can open."""
+
+    def __init__(self, uri: str) -> None:
+        if "://" in uri:
+            self.fs, self.path = pafs.FileSystem.from_uri(uri)
+            local = isinstance(self.fs, pafs.LocalFileSystem)
+        else:
+            self.fs, self.path, local = pafs.LocalFileSystem(), os.path.abspath(uri), True
+        self.path = self.path.rstrip("/")
+        #: what Spark is given: an absolute file URI for a local directory (Spark's
+        #: working directory is not ours), else the URI as configured
+        self.uri = f"file://{self.path}" if local else uri.rstrip("/")
+        self.fs.create_dir(self.path, recursive=True)
+
+    def write(self, table: pa.Table, name: str) -> None:
+        """Write ``table`` as ``name`` (complete once this returns: only then is the name
+        handed to the committer).  Timestamps stay microseconds, Spark's precision."""
+        pq.write_table(table, f"{self.path}/{name}", filesystem=self.fs,
+                       coerce_timestamps="us", allow_truncated_timestamps=False)
+
+    def read(self, name: str) -> pa.Table:
+        return pq.read_table(f"{self.path}/{name}", filesystem=self.fs)
+
+    def spark_uri(self, name: str) -> str:
+        return f"{self.uri}/{name}"
+
+    def names(self, prefix: str = "") -> list[str]:
+        infos = self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
+        return [i.base_name for i in infos
+                if i.type == pafs.FileType.File and i.base_name.startswith(prefix)]
+
+    def remove(self, names: Iterable[str]) -> None:
+        for name in names:
+            try:
+                self.fs.delete_file(f"{self.path}/{name}")
+            except (FileNotFoundError, OSError):
+                pass
+
+    def sweep(self, prefix: str = "", keep: Iterable[str] = ()) -> int:
+        """Remove the staged files whose name starts with ``prefix`` except ``keep``: what
+        an earlier incarnation left (a Spark job still reading them then fails instead of
+        committing rows nobody will acknowledge).  Returns how many were removed."""
+        kept = set(keep)
+        gone = [n for n in self.names(prefix) if n not in kept]
+        self.remove(gone)
+        return len(gone)
