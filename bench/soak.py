@@ -107,6 +107,9 @@ class SoakOptions:
     settle_timeout: float = 900.0    # after the publisher stops, for the queue to drain
     workdir: str | None = None
     keep: bool = False
+    #: "HH:MM" (local time): the faults and the publishing end then at the latest, so a
+    #: run started late still drains and reports before a deadline (SIGUSR1 ends them now)
+    stop_at: str = ""
 
 
 @dataclass
@@ -523,6 +526,13 @@ state_dir = "{self.state_dir}"
     def soak(self, publisher: Publisher) -> None:
         o = self.opts
         end = o.minutes * 60
+        if o.stop_at:
+            hh, mm = (int(x) for x in o.stop_at.split(":"))
+            now = time.localtime()
+            at = time.mktime((now.tm_year, now.tm_mon, now.tm_mday, hh, mm, 0, 0, 0, -1))
+            end = min(end, self.now() + at - time.time())
+        self._early = False
+        signal.signal(signal.SIGUSR1, lambda *_: setattr(self, "_early", True))
         due = {"kill": o.kill_every, "restart": o.restart_every, "reload": o.reload_every,
                "jvm": o.jvm_every}
         act = {"kill": self.kill_stage, "restart": self.restart, "reload": self.reload,
@@ -530,7 +540,7 @@ state_dir = "{self.state_dir}"
         every = {"kill": o.kill_every, "restart": o.restart_every,
                  "reload": o.reload_every, "jvm": o.jvm_every}
         next_sample = 0.0
-        while self.now() < end:
+        while self.now() < end and not self._early:
             if not self.alive():
                 raise SoakAbort(f"the daemon exited ({self.proc and self.proc.returncode}) "
                                 f"at {self.now():.0f}s")
@@ -593,6 +603,7 @@ state_dir = "{self.state_dir}"
                                   self.opts.payload)
             publisher.start()
             self.soak(publisher)
+            report["soaked_s"] = round(self.now(), 1)
             publisher.stop()
             report["publish_errors"] = publisher.errors
             t = time.monotonic()
@@ -668,7 +679,8 @@ def run_soak(opts: SoakOptions, say: Callable[[str], None] = print) -> dict[str,
 
 def summary(report: dict) -> Iterator[str]:
     o = report["options"]
-    yield (f"soak: {o['minutes']:g} min at {o['rate']} msg/s; events "
+    yield (f"soak: {report.get('soaked_s', 0) / 60:.1f} min (of {o['minutes']:g}) at "
+           f"{o['rate']} msg/s; events "
            f"{report.get('event_counts')}; load {report['load_before'][0]:.1f} → "
            f"{report['load_after'][0]:.1f}")
     yield f"{'series':32} {'unit':>9} {'first':>9} {'last':>9} {'mean':>9} {'max':>9} " \
