@@ -1,0 +1,88 @@
+"""The end of a run counts from the commits themselves, and an operator's restart says
+what it did, with real Spark.
+
+An operator restarts the batch processors while their committer runs a Spark job: the
+job commits, but the batch processors that handed the batches over are gone, so those
+messages are requeued and written again.  ``wrote N rows`` used to count only the rows
+the batch processors acked (it missed the batches logged "Spark write abandoned" at the
+restart: the dataset had more rows than it said), the batch processor claimed those rows
+were "not committed yet", and ``restart`` printed only ``restart: ok``.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
+from tests.e2e.test_pipeline import make_config, write_spool
+from tests.spark.test_pipeline_spark import (
+    TOKEN_ENV,
+    committing,
+    daemon_env,
+    rows,
+    spark_section,
+    start_logged,
+)
+
+pytestmark = pytest.mark.spark
+
+
+def test_rows_written_are_the_rows_committed_and_restart_says_what_it_did(
+        short_tmp: Path, spark_server) -> None:
+    n = 12_000
+    write_spool(short_tmp / "spool", n, files=3, extra={"route": "default"})
+    out = short_tmp / "dataset"
+    config = make_config(short_tmp, context={"slow": 0.002}, shutdown_timeout=30.0, batchers={
+        "default": {"batch_size": 500, "batch_timeout": 0.5, "concurrency": 2}})
+    config.write_text(config.read_text() + spark_section(
+        out, remote=spark_server.remote, token_env=TOKEN_ENV, commit_rows=3000,
+        commit_interval=0.5))
+    sock = short_tmp / "run" / "control.sock"
+    daemon, log = start_logged(config, short_tmp, daemon_env(spark_server))
+    try:
+        wait_until(lambda: committing(sock, "committer_default"), timeout=120, interval=0.2,
+                   message="the committer in a Spark job")
+        restart = subprocess.run(
+            offbroadway_cmd("restart", "batch_processor_default_0", "--socket", str(sock)),
+            cwd=REPO, env=test_env(), capture_output=True, text=True, timeout=120)
+        stdout, _ = daemon.communicate(timeout=300)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+    err = log.read_text()
+    assert daemon.returncode == 0, err[-3000:]
+    written = rows(out, "default")
+    dups = len(written) - n
+    assert {r["seq"] for r in written} == set(range(n))
+    assert dups > 0, "no batch was committed after its batch processor stopped: the test " \
+                     "proves nothing"
+
+    # the rows written are the rows in the dataset, duplicates of the restart included
+    wrote = re.search(rf"^e2e: wrote (\d+) rows to {re.escape(str(out))}/default \(parquet\)"
+                      rf"(.*)$", stdout, re.M)
+    assert wrote, stdout
+    assert int(wrote[1]) == len(written), (wrote[0], len(written))
+    # some of the duplicates are those rows; the rest are messages the restart's requeue
+    # handed back while live processors and the batcher still held them
+    late = re.search(r"; (\d+) of them were committed after their batch processor stopped",
+                     wrote[2])
+    assert late and 0 < int(late[1]) <= dups, (wrote[0], dups)
+    assert f"e2e: {n} messages acked, 0 failed" in stdout, stdout
+    # nothing claimed those rows were not committed
+    assert "not committed yet" not in err, [ln for ln in err.splitlines()
+                                            if "not committed yet" in ln]
+
+    # the operator's restart said which stages restarted and what went back to the source
+    assert restart.returncode == 0, restart.stderr
+    said = restart.stdout.strip()
+    assert re.fullmatch(r"restart: restarted batch_processor_default_0, "
+                        r"batch_processor_default_1 \(the cascade of batch_processor_default_0"
+                        r"\); \d+ in-flight messages? requeued at the source", said), said
+    requeued = int(re.search(r"; (\d+) in-flight", said)[1])
+    logged = sum(int(k) for k in re.findall(r"requeued (\d+) in-flight messages", err))
+    assert requeued == logged and requeued >= dups, (said, logged, dups)
