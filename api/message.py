@@ -1,7 +1,8 @@
 """The message that travels through a pipeline, as Broadway's ``%Broadway.Message{}``.
 
 Users see ``id``, ``data`` and ``metadata`` and steer a message with the chainable
-``put_batcher`` / ``put_batch_key`` / ``update_data`` / ``failed`` / ``discard``.  The chainable methods
+``put_batcher`` / ``put_batch_key`` / ``update_data`` / ``failed`` / ``discard``.
+The chainable methods
 mutate and return ``self``: a message belongs to exactly one stage at a time, so copying
 it on every call (as Elixir must) would only cost allocations on the hot path.
 

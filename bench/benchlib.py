@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-
 from offbroadway.daemon.spark_server import free_port  # noqa: F401 (re-exported: one definition)
 
 REPO = Path(__file__).resolve().parent.parent

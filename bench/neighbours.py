@@ -9,7 +9,8 @@ with neighbours: ``--status-rate`` ``status`` requests per second on the control
 (two client processes, each paced to half) and a ``/metrics`` scrape every
 ``--scrape-every`` seconds (a third process), from the moment the daemon starts until it
 exits (the clients are started a second before it, so their own start-up is not counted;
-the rate is the daemon's from its first ack to its last, as throughput.py measures it).  The order alternates every round, so the machine's load (shared with other work)
+the rate is the daemon's from its first ack to its last, as throughput.py measures it).
+The order alternates every round, so the machine's load (shared with other work)
 hits both alike.  It prints each run's rate, what the neighbours achieved (requests per
 second answered, failures, the slowest answer), and the medians and their ratio.
 
@@ -30,8 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import free_port  # noqa: E402
-from throughput import daemon_run  # noqa: E402
+from benchlib import free_port
+from throughput import daemon_run
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -64,8 +64,8 @@ from typing import Any
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import chaos  # noqa: E402  (a sibling bench: the kill budget, the tree walks, RabbitSide)
-from benchlib import free_port  # noqa: E402
+import chaos
+from benchlib import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 KILL_KINDS = ("producer", "processor", "batcher", "batch_processor")

@@ -286,7 +286,8 @@ def main() -> int:
             shutil.rmtree(tmp, ignore_errors=True)
 
     med = statistics.median(r["rate"] for r in runs)
-    print(f"\n| run | rounds | median rows/s | / loop | / alone |\n| --- | ---: | ---: | ---: | ---: |")
+    print("\n| run | rounds | median rows/s | / loop | / alone |"
+          "\n| --- | ---: | ---: | ---: | ---: |")
     loop = statistics.median(loops) if loops else None
     alone = statistics.median(alones) if alones else None
 

@@ -39,14 +39,13 @@ from offbroadway.supervision import (
     Supervisor,
 )
 
-from . import control, metrics, runlock, stopbudget
+from . import control, metrics, runlock, stopbudget, web
 from . import outcome as outcome_mod
 from . import reactions as reactions_mod
 from . import reload as reload_mod
 from . import resize as resize_mod
 from . import status as status_mod
 from . import topology as topo_mod
-from . import web
 from .config import Config
 from .hub import Hub
 from .notify import Notifier

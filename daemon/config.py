@@ -18,7 +18,7 @@ from typing import Any
 
 from offbroadway.stages.spec import PROCESSOR_KEY
 
-from .config_table import ConfigError, parse_size
+from .config_table import ConfigError, parse_size  # noqa: F401  (re-exported for callers of config)
 from .config_table import Table as _Table
 from .config_table import non_negative as _non_negative
 from .config_table import one_of as _one_of

@@ -27,10 +27,9 @@ def _session(config: Config) -> Any:
     spark = config.spark
     assert spark is not None
     if spark.remote:
+        from offbroadway.stages import spark_remote
         from pyspark.sql.connect.client import DefaultChannelBuilder
         from pyspark.sql.connect.session import SparkSession as Connect
-
-        from offbroadway.stages import spark_remote
 
         builder = DefaultChannelBuilder(spark_remote.normalize_remote(spark.remote))
         token = spark_remote.token(spark.token_file or None, spark.token_env or None)

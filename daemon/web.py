@@ -94,7 +94,7 @@ def page_state(daemon: Daemon, timeline: Timeline) -> dict:
                 edges.append({"from": committer, "to": topo.spark,
                               "count": msgs(committer).get("out"), "demand": None,
                               "unit": "rows"})
-    from .app import _workers     # the daemon's walk of its specs (app imports this module)
+    from .app import _workers  # the daemon's walk of its specs (app imports this module)
 
     limits = {w.id: w.memory_limit for w in _workers(topo.root)
               if getattr(w, "memory_limit", None)}

@@ -20,7 +20,6 @@ from offbroadway.message import DISCARD
 from .spec import PROCESSOR_KEY
 
 
-
 class MessageTimeout(BaseException):
     """A callback call ran past ``message_timeout``: raised inside it by the stage's
     liveness thread (:mod:`.liveness`).  Not an ``Exception``, so that a handler's own
@@ -61,7 +60,8 @@ def process(handler: Pipeline, messages: list[Message], context: Any,
     there are batchers: the caller acks them at once, they go to no batcher.  Without
     batchers a discarded message is simply done (acked after ``handle_message`` anyway).
     Messages that arrive already failed (a spool line that is not JSON, a poison message)
-    skip the callbacks (``healthy``: the caller knows none did, e.g. from its frame).  With batchers, a message routed to an unknown batcher fails with a
+    skip the callbacks (``healthy``: the caller knows none did, e.g. from its frame).
+    With batchers, a message routed to an unknown batcher fails with a
     clear reason.  ``blame`` is told what runs before each callback that could kill the
     process, so a message that does is known after the process is gone.  The record is
     cleared only on return: whatever escapes (nothing a callback raises does) leaves it for

@@ -260,8 +260,8 @@ class ProducerStage(Stage):
         for ev in share:
             if not protocol.packable(ev):
                 data, metadata = protocol.event_payload(ev)
-                why = (protocol.unpackable(data, "data") or protocol.unpackable(metadata, "metadata")
-                       or "its id")
+                why = (protocol.unpackable(data, "data")
+                       or protocol.unpackable(metadata, "metadata") or "its id")
                 protocol.replace_payload(ev, repr(data),
                                          {k: repr(v) for k, v in dict(metadata).items()})
                 self._failed[protocol.event_token(ev)] = (

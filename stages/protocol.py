@@ -493,7 +493,8 @@ def unpackable(value: Any, where: str) -> str | None:
     if isinstance(value, int):
         return f"{where} is an int out of the wire's 64-bit range"
     cls = type(value)
-    name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    name = (cls.__qualname__ if cls.__module__ == "builtins"
+            else f"{cls.__module__}.{cls.__qualname__}")
     return f"{where} is a {name} ({CARRIED} cross stages)"
 
 

@@ -25,7 +25,8 @@ Schema
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from operator import itemgetter
 from typing import Any, Sequence
 
@@ -62,9 +63,9 @@ class Rows:
     #: the data columns used: the one given, else inferred (None: none could be)
     schema: pa.Schema | None
     #: the messages whose row is in ``table``, in its order
-    written: list[Message] = field(default_factory=list)
+    written: list[Message] = dc_field(default_factory=list)
     #: the messages failed here, each with its ``status`` (``spark: …``)
-    failed: list[Message] = field(default_factory=list)
+    failed: list[Message] = dc_field(default_factory=list)
 
 
 def convert(messages: Sequence[Message], schema: pa.Schema | None,

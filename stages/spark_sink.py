@@ -78,10 +78,10 @@ from pyspark.errors.exceptions.connect import (
     SparkConnectGrpcException,
     UnsupportedOperationException,
 )
+from pyspark.sql.connect import functions as F
 from pyspark.sql.connect.client import DefaultChannelBuilder
 from pyspark.sql.connect.client.retries import DefaultPolicy
 from pyspark.sql.connect.session import SparkSession
-from pyspark.sql.connect import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 
@@ -526,7 +526,8 @@ class SparkSink:
                         there = self._rows_stamped(spark, dataset, [stamp]) \
                             .select("message_id")
                         if there.limit(1).count():
-                            df = df.join(there, "message_id", "left_anti")                                 .select(*read_schema.names, "ingested_at")
+                            df = df.join(there, "message_id", "left_anti") \
+                                .select(*read_schema.names, "ingested_at")
                     except AnalysisException as exc:
                         if not _missing(exc):
                             raise

@@ -31,9 +31,7 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..protocol import MAX_FRAME_BYTES
 from ..redact import mask_url

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from offbroadway.daemon.outcome import EXIT_FAILED
+
 from tests.brokers.daemons import run
 from tests.brokers.natsutil import NATS_URL
 from tests.e2e.replay_handlers import written

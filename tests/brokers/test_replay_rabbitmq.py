@@ -10,9 +10,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from offbroadway.daemon.outcome import EXIT_FAILED
 
 from tests.brokers.conftest import AMQP_URL, Rabbit, pika
-from offbroadway.daemon.outcome import EXIT_FAILED
 from tests.brokers.daemons import run
 from tests.e2e.replay_handlers import written
 from tests.e2e.test_pipeline import make_config

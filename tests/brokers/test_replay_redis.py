@@ -9,9 +9,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from offbroadway.daemon.outcome import EXIT_FAILED
 
 from tests.brokers.conftest import REDIS_URL, unique
-from offbroadway.daemon.outcome import EXIT_FAILED
 from tests.brokers.daemons import run
 from tests.e2e.replay_handlers import written
 from tests.e2e.test_pipeline import make_config

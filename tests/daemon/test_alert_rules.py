@@ -59,12 +59,14 @@ def test_the_failure_ratio_alert_fires_at_10_percent_not_at_1(promtool: str,
         alertname: OffbroadwayFailureRatio
         exp_alerts:{alerts}
 """
-    fires = """
-          - exp_labels: {severity: warning, pipeline: orders}
-            exp_annotations:
-              summary: "orders: 10% of messages fail"
-              description: "More than 5% of the messages settled at the source failed for 10 minutes; offbroadway_stage_failed_messages_total says which stage fails them, the log the reasons."
-"""
+    DESCRIPTION = ("More than 5% of the messages settled at the source failed for 10 minutes; "
+                   "offbroadway_stage_failed_messages_total says which stage fails them, "
+                   "the log the reasons.")
+    fires = ("\n"
+             "          - exp_labels: {severity: warning, pipeline: orders}\n"
+             "            exp_annotations:\n"
+             "              summary: \"orders: 10% of messages fail\"\n"
+             f"              description: \"{DESCRIPTION}\"\n")
     spec = tmp_path / "alerts-test.yml"
     spec.write_text(f"rule_files: ['{RULES}']\nevaluation_interval: 1m\ntests:"
                     + case(90, 10, fires) + case(99, 1, " []"))

@@ -27,6 +27,7 @@ def test_workers_stop_one_after_the_other_and_a_supervisor_shutdown_caps_its_sub
 
 def test_the_example_config_budget():
     """60 s drain + batch processor 60 s + Spark 15 s + producer, two processors and the
-    batcher 5 s each, 1 s per stage to reap, 5 s for the daemon, and the Spark committer's 60 s grace plus 1 s to reap: what check prints."""
+    batcher 5 s each, 1 s per stage to reap, 5 s for the daemon, and the Spark
+    committer's 60 s grace plus 1 s to reap: what check prints."""
     config = load_config(str(REPO / "config" / "example.toml")).config
     assert stop_budget(config) == 60 + (60 + 15 + 4 * 5) + 6 * 1 + 5 + (60 + 1) == 227

@@ -8,6 +8,7 @@ import json
 import os
 
 from offbroadway import Message, Pipeline
+
 from tests.e2e.handlers import _append, read_records
 
 

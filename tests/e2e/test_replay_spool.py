@@ -18,6 +18,7 @@ from pathlib import Path
 from offbroadway.daemon.deadletters import ReplayRecord
 from offbroadway.stages.sources.deadletters import DeadLetter
 from offbroadway.stages.sources.spool.replay import SpoolDeadLetters
+
 from tests.conftest import REPO, offbroadway_cmd, test_env
 from tests.e2e.replay_handlers import written
 from tests.e2e.test_pipeline import make_config, run_until_idle
@@ -75,7 +76,7 @@ def test_failures_are_listed_replayed_once_and_written_once(short_tmp: Path) -> 
     again = dead_letters(config, "replay", "--reason", "no sku")
     assert again.returncode == 0, again.stderr
     assert again.stdout.startswith("nothing to replay: no dead letters whose reason contains "
-                                   f"'no sku' in "), again.stdout
+                                   "'no sku' in "), again.stdout
     assert f"({len(NO_SKU)} replayed before)" in again.stdout, again.stdout
     third = run_until_idle(config)
     assert third.returncode == 0, third.stderr[-3000:]

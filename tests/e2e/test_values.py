@@ -10,8 +10,6 @@ field), the others are handled, and no stage restarts.
 
 from __future__ import annotations
 
-import json
-import re
 from pathlib import Path
 
 from tests.e2e.handlers import read_records

@@ -9,7 +9,7 @@ import os
 import uuid
 from decimal import Decimal
 
-from offbroadway import Message, Pipeline
+from offbroadway import Message
 
 from tests.e2e.handlers import Recorder, _append
 

@@ -13,7 +13,7 @@ def child(i: int) -> None:
     from offbroadway.stages.metrics import StageMetrics
 
     m = StageMetrics("p", f"processor_default_{i % 3}", "processor")
-    for value in range(i % 5 + 1):            # i % 5 + 1 observations of batch_size i
+    for _ in range(i % 5 + 1):            # i % 5 + 1 observations of batch_size i
         m.observe("batch_size", float(i))
     m.flush({"in": i + 1, "out": i, "failed": 2 * i}, {"demand": 7, "buffered": i})
     os._exit(0)

@@ -29,8 +29,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.brokers.test_broker_down import BACKOFF_MAX, BACKOFF_MIN, cli, max_lines, \
-    producer_connected, status
+from tests.brokers.test_broker_down import (
+    BACKOFF_MAX,
+    BACKOFF_MIN,
+    cli,
+    max_lines,
+    producer_connected,
+    status,
+)
 from tests.conftest import REPO, free_port, offbroadway_cmd, test_env, wait_until
 from tests.e2e.handlers import read_records
 from tests.e2e.test_pipeline import make_config

@@ -16,8 +16,8 @@ import urllib.request
 from pathlib import Path
 
 import psutil
-
 from offbroadway.daemon import control
+
 from tests.conftest import test_env, wait_until
 
 HANDLER = '''
@@ -217,6 +217,7 @@ def test_scrapes_close_together_share_one_answer(short_tmp: Path) -> None:
     same answer (byte for byte, the per-child CPU seconds included), so a scraper every
     100 ms costs one answer per half second."""
     from offbroadway.daemon import metrics
+
     from tests.conftest import free_port
 
     port = free_port()

@@ -22,8 +22,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-
 from offbroadway.daemon import metrics
+
 from tests.conftest import REPO, free_port, test_env, wait_until
 
 #: files a live stage process may have (counter, histogram, livesum gauge) ...
@@ -185,6 +185,7 @@ def test_200_stage_restarts_keep_the_metrics_dir_bounded_and_the_counts(short_tm
     archives.  Before the archives: ~2 files per dead process, 400+ here (measured with
     every stage a victim alike: at most 12 files over 473 worker restarts)."""
     from offbroadway.daemon import control
+
     from tests.e2e.test_pipeline import write_spool
 
     (short_tmp / "noop_soak.py").write_text(HANDLER)

@@ -12,7 +12,6 @@ The hour-long run and its slopes are in docs/reliability.md.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 

@@ -20,7 +20,6 @@ from tests.e2e.test_pipeline import make_config, write_spool
 from tests.spark.test_pipeline_spark import spark_section
 
 
-
 @pytest.mark.parametrize("memory", ["8m", "256m", "lots"])
 def test_a_driver_heap_too_small_is_refused_with_one_line(short_tmp: Path, memory: str
                                                           ) -> None:

@@ -3,7 +3,8 @@
 Most tests point the daemon at the suite's shared Connect server (``remote`` plus a token
 from an environment variable, the way a real cluster is configured), so they do not pay a
 JVM start each; two tests let the daemon start and supervise its own server and SIGKILL
-its JVM during a commit: mid-run, and in the ``--until-idle`` drain.  Output is read back with pyarrow: what Spark committed, nothing else.
+its JVM during a commit: mid-run, and in the ``--until-idle`` drain.
+Output is read back with pyarrow: what Spark committed, nothing else.
 """
 
 from __future__ import annotations

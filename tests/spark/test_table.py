@@ -59,5 +59,5 @@ def test_a_table_needs_no_output_and_one_name_per_batcher(tmp_path: Path) -> Non
     two.write_text(two.read_text().replace('"orders"', '"orders_{batcher}"'))
     assert load_config(str(two)).config.spark.table == "orders_{batcher}"
     two.write_text(two.read_text().replace('"orders_{batcher}"', '"no such; table"'))
-    with pytest.raises(ConfigError, match="spark.table"):
+    with pytest.raises(ConfigError, match=r"spark\.table"):
         load_config(str(two))

@@ -28,12 +28,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from offbroadway.stages.demand import ASK, LIVE, DemandBudget
-from offbroadway.stages.window import PacedWindow
 from offbroadway.stages.dispatch import (
     GenStageDemandDispatcher,
     PartitionDispatcher,
     SpreadDispatcher,
 )
+from offbroadway.stages.window import PacedWindow
 
 
 def cid(c: int) -> bytes:

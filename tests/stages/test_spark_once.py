@@ -6,7 +6,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
-
 from offbroadway.stages.spark_once import KEEP, Doubt, Journal, RecentFiles
 
 

@@ -5,7 +5,8 @@ One daemon (generator source, two processors, two batchers) and one headless chr
 must load and draw from what the daemon serves alone.  Checked: every stage of the config
 is drawn, with the supervisors listed; the numbers move while messages flow; a processor
 SIGKILLed shows as restarting, then running again with one more restart and a new pid,
-and the crash is on the timeline; one SIGSTOPped shows as silent until it goes on; the page fits 1280x720 and 1024 wide without sideways
+and the crash is on the timeline; one SIGSTOPped shows as silent until it goes on; the page fits
+1280x720 and 1024 wide without sideways
 scrolling and with legible text; a screenshot is taken and is not blank; every request
 the page made went to the daemon.
 """
@@ -194,7 +195,7 @@ def test_the_page_draws_the_running_tree_offline(short_tmp: Path) -> None:
             if driver is not None:
                 driver.save_screenshot(str(short_tmp / "failed.png"))
             daemon.kill()
-            out, err = daemon.communicate(timeout=30)
+            _out, err = daemon.communicate(timeout=30)
             print(err[-4000:])
             raise
         finally:

@@ -49,7 +49,7 @@ class NatsDeadLetters(DeadLetterBox):
         try:
             return self.loop.run_until_complete(asyncio.wait_for(
                 coro, 30 + self.settings.connect_timeout))
-        except (nats.errors.Error, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, nats.errors.Error, OSError) as exc:
             raise DeadLetterError(f"{self.where}: {type(exc).__name__} {exc}") from None
 
     async def _connect(self) -> Any:
