@@ -193,7 +193,7 @@ def gauge(port: int) -> float | None:
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
     except OSError:
         return None
-    m = re.search(r'^offbroadway_source_connected\{[^}]*stage="producer_0"[^}]*\} (\S+)$',
+    m = re.search(r'^offbroadway_source_connected\{[^}]*child="producer_0"[^}]*\} (\S+)$',
                   body.decode(), re.M)
     return float(m.group(1)) if m else None
 
