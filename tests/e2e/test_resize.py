@@ -114,9 +114,12 @@ def resize_midstream(tmp: Path, config: Path, port: int, total: int,
             assert bps == [f"batch_processor_default_{i}" for i in range(n_bp)], bps
             assert all(node["restarts"] == 0 for node in walk(st["tree"])), \
                 "a resize counted as a restart"
-            up = children_up(port)
-            assert {p for p in up if p.startswith(("processor_", "batch_processor_"))} == \
-                set(procs + bps), up
+            # /metrics answers scrapes within 0.5 s from one snapshot: poll to a deadline
+            shape = set(procs + bps)
+            wait_until(lambda shape=shape: {p for p in children_up(port)
+                                            if p.startswith(("processor_", "batch_processor_"))}
+                       == shape, timeout=10, interval=0.2,
+                       message=f"/metrics to show up exactly {sorted(shape)}")
         then(sock)
         # every resize landed mid-stream: the source was not exhausted yet
         assert handled() < total, "the stream ended before the resizes: the test proves nothing"
