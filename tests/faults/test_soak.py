@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.broker]
+pytestmark = [pytest.mark.soak, pytest.mark.slow, pytest.mark.spark, pytest.mark.broker]
 
 sys.path.insert(0, str(REPO / "bench"))
 
