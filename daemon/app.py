@@ -415,6 +415,10 @@ class Daemon:
         """Start the tree; a stop asked for meanwhile (a Spark server takes seconds to come
         up) stops what has started instead of first bringing the whole pipeline up."""
         name = self.config.pipeline.name
+        window = self.topology.window
+        if window is not None and window.note:
+            log.log(logging.WARNING if window.waits else logging.INFO, "pipeline %s: %s",
+                    name, window.note)
         start = asyncio.ensure_future(self.root.start())
         stop = asyncio.ensure_future(self._stop.wait())
         await asyncio.wait({start, stop}, return_when=asyncio.FIRST_COMPLETED)

@@ -7,12 +7,15 @@ import json
 import logging
 import os
 import sys
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from offbroadway.stages.logs import configure as configure_logging
 from offbroadway.stages.logs import prefix
 
 from . import control
+
+if TYPE_CHECKING:
+    from .config import Config
 
 EXIT_CONFIG = 2
 
@@ -57,9 +60,29 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     print(f"{args.config}: ok (pipeline {config.pipeline.name}; a stop takes at most "
           f"{stop_budget(config):.0f} s)")
+    window = _auto_window_line(config)
+    if window:
+        print(f"  {window}")
     for note in notes:
         print(f"  not checked: {note}")
     return 0
+
+
+def _auto_window_line(config: Config) -> str | None:
+    """What a broker source's ``"auto"`` window comes out at for this config (None: the
+    source has no window, or it is set explicitly)."""
+    from offbroadway.stages.sources import window_option
+
+    from .topology import auto_window
+
+    option = window_option(config.producer.source)
+    if option is None or config.producer.options.get(option, "auto") != "auto":
+        return None
+    w = auto_window(config)
+    if w.note:
+        return w.note
+    return (f"producer.options.{option} \"auto\": {w.prefetch:,} per producer (what the "
+            f"pipeline holds with every stage fed)")
 
 
 def cmd_spark_verify(args: argparse.Namespace) -> int:

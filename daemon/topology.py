@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from offbroadway.daemon.config import BatcherConfig, Config, batch_demand
-from offbroadway.stages.sources import sized_options
+from offbroadway.stages.sources import sized_options, window_max, window_option
 from offbroadway.stages.spec import PROCESSOR_KEY, STAGE_ENV, StageSpec
 from offbroadway.supervision.child import GUARD_SIGNAL
 from offbroadway.supervision.spec import (
@@ -72,6 +72,8 @@ class Topology:
     roles: dict[str, str] = field(default_factory=dict)
     #: every stage's spec, in start order
     specs: dict[str, StageSpec] = field(default_factory=dict)
+    #: the sources' ``"auto"`` window and the Spark group size it allows
+    window: Window | None = None
 
     def consumers(self, stage_id: str) -> list[str]:
         """The stages that subscribe to ``stage_id``, in start order."""
@@ -119,23 +121,83 @@ def batch_processor_demand(b: BatcherConfig, commit_rows: int | None) -> int:
     return max(batch_demand(b), min(1024, math.ceil(rows / (b.batch_size * b.concurrency)) + 1))
 
 
-def auto_prefetch(config: Config) -> int:
-    """What the stages downstream of one producer can hold: the window a broker source's
-    prefetch must allow so the topology never starves (the seeds' pitfall).
-
-    Every processor can hold ``max_demand`` messages and every batcher a batch in the
-    making plus what its batch processors ask for; whatever the broker holds back beyond
-    what the prefetch allows is demand that waits for nothing.  Split over the producers,
-    rounded up.  The source decides what to make of it
-    (:meth:`offbroadway.stages.sources.base.Source.sized_options`).
-    """
+def held(config: Config, commit_rows: int | None) -> int:
+    """What the stages downstream of one producer hold when every one is fed, with Spark
+    groups of ``commit_rows`` (None: no Spark sink): every processor ``max_demand``
+    messages, every batcher a batch in the making plus what its batch processors ask for
+    (:func:`batch_processor_demand`: with Spark, two commit groups' worth, one being
+    written while the next gathers).  Split over the producers, rounded up."""
     proc = config.processors[PROCESSOR_KEY]
     need = proc.concurrency * proc.max_demand + sum(
         (b.batch_size if not b.batch_bytes else b.upstream_demand)
-        * (1 + b.concurrency * batch_processor_demand(
-            b, config.spark.commit_rows if config.spark else None))
+        * (1 + b.concurrency * batch_processor_demand(b, commit_rows))
         for b in config.batchers.values())
     return max(1, math.ceil(need / config.producer.concurrency))
+
+
+@dataclass(frozen=True)
+class Window:
+    """A broker source's ``"auto"`` window per producer, and what it costs the Spark groups.
+
+    ``prefetch`` is what ``"auto"`` stands for; ``held`` what the pipeline would hold per
+    producer at the configured ``spark.commit_rows``; ``commit_rows`` the group size the
+    committers use (None without Spark); ``note`` the line saying why, when the source's
+    protocol could not say ``held``; ``waits`` whether some stages will then wait for
+    deliveries (a warning) rather than Spark groups being made smaller (information).
+    """
+
+    prefetch: int
+    held: int
+    commit_rows: int | None
+    note: str | None = None
+    waits: bool = False
+
+
+def auto_window(config: Config) -> Window:
+    """The window a broker source's prefetch must allow so the topology never starves (the
+    seeds' pitfall), bounded by what the pipeline holds (:func:`held`: a window beyond it
+    only parks messages in the producer, out of other consumers' reach) and by what the
+    source's protocol can say (AMQP: 65535).
+
+    When that protocol bound cuts the window below what two Spark groups of
+    ``spark.commit_rows`` need, the group is made smaller instead (the largest size whose
+    window fits): a group whose rows the broker cannot let out would only start at
+    ``commit_interval``, with Spark idle while the rest trickles in; two smaller groups
+    keep one being written while the next gathers.  An explicit window is the user's:
+    nothing is lowered for it.
+    """
+    rows = config.spark.commit_rows if config.spark is not None else None
+    full = held(config, rows)
+    cap = window_max(config.producer.source)
+    option = window_option(config.producer.source)
+    if cap is None or full <= cap or option is None \
+            or config.producer.options.get(option, "auto") != "auto":
+        return Window(full, full, rows)
+    producers = config.producer.concurrency
+    enough = math.ceil(full * producers / cap)   # producers that would keep the full window
+    said = (f"producer.options.{option} \"auto\": the pipeline holds {full:,} messages per "
+            f"producer{f' with spark.commit_rows {rows:,}' if rows else ''}, above "
+            f"{cap:,}, the most {config.producer.source}'s protocol can say")
+    if rows is not None and held(config, 1) <= cap:
+        lo, hi = 1, rows           # the largest group whose window fits under the cap
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if held(config, mid) <= cap else (lo, mid - 1)
+        window = held(config, lo)
+        return Window(window, full, lo, (
+            f"{said}: window {window:,} per producer, and Spark commits groups of {lo:,} "
+            f"rows instead of {rows:,} so one is written while the next gathers "
+            f"(producer.concurrency = {enough} keeps {rows:,})"))
+    return Window(cap, full, rows, (
+        f"{said}: window {cap:,} per producer, so some stages will wait for deliveries "
+        f"(producer.concurrency = {enough} feeds them all)"), waits=True)
+
+
+def auto_prefetch(config: Config) -> int:
+    """What a broker source's ``"auto"`` window stands for, per producer
+    (:func:`auto_window`; the source decides what to make of it:
+    :meth:`offbroadway.stages.sources.base.Source.sized_options`)."""
+    return auto_window(config).prefetch
 
 
 def build(config: Config, *, stage_env: Callable[[str], dict[str, str]] | None = None,
@@ -178,10 +240,14 @@ def build(config: Config, *, stage_env: Callable[[str], dict[str, str]] | None =
                           pdeathsig=GUARD_SIGNAL)
 
     batcher_keys = tuple(config.batchers)
+    topo.window = auto_window(config)
+    if spark_settings is not None and topo.window.commit_rows is not None:
+        # the group size the window can feed (the committers and their batch processors')
+        spark_settings = {**spark_settings, "commit_rows": topo.window.commit_rows}
     source_options = dict(config.producer.options)
     if sized:
         source_options = sized_options(config.producer.source, source_options,
-                                       auto_prefetch(config))
+                                       topo.window.prefetch)
     n_producers = config.producer.concurrency
     topo.producers = [f"producer_{i}" for i in range(n_producers)]
     topo.processors = [f"processor_{PROCESSOR_KEY}_{i}" for i in range(proc.concurrency)]

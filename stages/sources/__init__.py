@@ -18,7 +18,7 @@ from .base import Failure, Item, Source, SourceOptionError
 
 __all__ = ["REQUIRED_METHODS", "Failure", "Item", "Source", "SourceOptionError",
            "UnknownSourceError", "get_source", "known_sources", "missing_methods",
-           "sized_options", "window_option"]
+           "sized_options", "window_max", "window_option"]
 
 # name → "module (relative to this package):ClassName"
 _REGISTRY: dict[str, str] = {
@@ -40,6 +40,17 @@ def window_option(name: str) -> str | None:
     """The option that sets a built-in source's window (None: it has none, or the source
     is a user's, which validation does not import)."""
     return _WINDOWS.get(name)
+
+
+#: built-in sources whose protocol bounds the window: AMQP's basic.qos carries
+#: ``prefetch_count`` in 16 bits (``rabbitmq.settings.AMQP_MAX_PREFETCH``, not imported
+#: here: that package imports pika); a NATS pull window has no such field
+_WINDOW_MAX: dict[str, int] = {"rabbitmq": 65535}
+
+
+def window_max(name: str) -> int | None:
+    """The largest window a built-in source's protocol can say (None: no such bound)."""
+    return _WINDOW_MAX.get(name)
 
 
 class UnknownSourceError(ValueError):

@@ -130,6 +130,75 @@ def test_nats_gets_the_auto_prefetch_and_the_starvation_warning() -> None:
     assert any("producer.options.prefetch:" in w and "starve" in w for w in warnings)
 
 
+def _rabbit_spark(producers: int = 1, **options) -> dict:
+    """The README's job (two processors of 1000, batches of 2000, default Spark groups of
+    50,000 rows) reading RabbitMQ."""
+    raw = copy.deepcopy(BASE)
+    raw["producer"] = {"source": "rabbitmq", "concurrency": producers,
+                       "options": {"queue": "orders", **options}}
+    raw["processors"]["default"] = {"concurrency": 2, "max_demand": 1000, "min_demand": 500}
+    raw["batchers"]["spark"] = {"batch_size": 2000, "batch_timeout": 1, "concurrency": 1}
+    return raw
+
+
+def _spark_settings(config) -> dict:
+    from offbroadway.daemon.spark import sink_settings
+
+    return sink_settings(config.spark, "/tmp/ob-state")
+
+
+def test_auto_prefetch_with_spark_fits_amqp_and_keeps_two_groups_in_flight() -> None:
+    """With Spark, two commit groups per batcher are in flight (one written, one gathering):
+    106,000 messages for one producer at the default 50,000 rows, which basic.qos cannot say
+    (16 bits).  "auto" must be a window the broker accepts and that the tree, as built,
+    holds exactly: the committers' group shrinks to what that window feeds, so Spark never
+    waits for rows the broker holds back."""
+    from offbroadway.daemon.topology import build
+    from offbroadway.stages.sources.rabbitmq.settings import parse_options
+    from offbroadway.stages.spec import StageSpec
+
+    config = validate(_rabbit_spark()).config
+    assert config.spark.commit_rows == 50_000
+    topo = build(config, spark_settings=_spark_settings(config))
+    producer = StageSpec.from_env(topo.root.children[0].children[0].env())
+    auto = producer.source_options["auto_prefetch"]
+    bp = topo.specs["batch_processor_spark_0"]
+    tree_holds = 2 * 1000 + 2000 * (1 + bp.max_demand)     # processors + batcher
+    assert auto == tree_holds <= 65535                     # what the tree holds, sayable
+    assert parse_options(producer.source_options).prefetch_count == auto   # not clipped
+    rows = topo.specs["committer_spark"].spark["commit_rows"]
+    assert 0 < rows < 50_000
+    assert bp.max_demand * 2000 >= 2 * rows                # two groups in flight fit
+
+    from offbroadway.daemon.topology import auto_window, held
+
+    window = auto_window(config)
+    assert (window.prefetch, window.commit_rows) == (auto, rows)
+    assert window.held == held(config, 50_000) == 106_000
+    assert held(config, rows + 1) > 65535                  # the largest group that fits
+    assert "65,535" in window.note and "106,000" in window.note and not window.waits
+    assert "producer.concurrency = 2" in window.note
+
+
+def test_auto_prefetch_is_left_whole_where_it_fits_or_is_explicit() -> None:
+    from offbroadway.daemon.topology import auto_window, build
+
+    # two producers: 53,000 each fits basic.qos, the groups stay at 50,000
+    two = validate(_rabbit_spark(producers=2)).config
+    assert auto_window(two).prefetch == 53_000 and auto_window(two).commit_rows == 50_000
+    assert auto_window(two).note is None
+    # NATS has no 16-bit field: the whole window
+    raw = _rabbit_spark()
+    raw["producer"] = {"source": "nats", "options": {"stream": "orders"}}
+    nats = validate(raw).config
+    assert (auto_window(nats).prefetch, auto_window(nats).commit_rows) == (106_000, 50_000)
+    # an explicit prefetch_count is the user's: the groups keep their size
+    fixed = validate(_rabbit_spark(prefetch_count=5000)).config
+    assert auto_window(fixed).commit_rows == 50_000
+    topo = build(fixed, spark_settings=_spark_settings(fixed))
+    assert topo.specs["committer_spark"].spark["commit_rows"] == 50_000
+
+
 def test_rate_limit_is_validated() -> None:
     assert validate(BASE).config.producer.rate_limit is None
     raw = with_("producer.rate_limit", {"allowed_messages": 500, "interval": 1})
