@@ -9,6 +9,7 @@ program runs by hand.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 
 NOTIFY_FD_ENV = "OFFBROADWAY_NOTIFY_FD"
@@ -19,8 +20,14 @@ SUPERVISOR_PID_ENV = "OFFBROADWAY_SUPERVISOR_PID"
 #: installed) still ends the process.
 GUARD_SIGNAL = int(signal.SIGRTMIN) + 3
 
+#: set by :func:`guard_descendants` to a token of this process's own, inherited by what it
+#: starts: how a daemonized descendant (orphaned to init, in a session of its own, so in
+#: neither our process tree nor our group) is still found and killed
+GUARD_ENV = "OFFBROADWAY_GUARD"
+
 _fd: int | None = None
 _looked = False
+_token: bytes | None = None
 
 
 def _notify_fd() -> int | None:
@@ -80,12 +87,18 @@ def guard_descendants() -> None:
     Call this first thing in a child whose spec has ``pdeathsig=GUARD_SIGNAL``: the kernel
     sends that signal when the supervisor dies, and the handler SIGKILLs every descendant
     (found through /proc, so ones that left the process group are found while their parent
-    lives) and then the whole process group, this process included.  A no-op outside a
-    supervisor.  Python runs the handler between bytecodes of the main thread, so a callback
-    stuck in C code that retries EINTR delays it until the call returns.
+    lives), every process that still carries this process's :data:`GUARD_ENV` token (one
+    that daemonized: orphaned to init, in a session of its own, found only so), and then
+    the whole process group, this process included.  A no-op outside a supervisor.  Python
+    runs the handler between bytecodes of the main thread, so a callback stuck in C code
+    that retries EINTR delays it until the call returns.
     """
+    global _token
     if _notify_fd() is None:
         return
+    token = f"{os.getpid()}-{secrets.token_hex(8)}"
+    os.environ[GUARD_ENV] = token      # before any child: every descendant inherits it
+    _token = f"{GUARD_ENV}={token}".encode()
     signal.signal(GUARD_SIGNAL, _supervisor_died)
     expected = os.environ.get(SUPERVISOR_PID_ENV)
     if expected and os.getppid() != int(expected):
@@ -136,13 +149,44 @@ def _descendants(root: int) -> list[int]:
     return out
 
 
+def _strays() -> list[int]:
+    """The processes, other than this one, whose environment holds this process's guard
+    token: what its descendants started and left (a double fork, ``setsid cmd &`` from a
+    shell that exits), reparented to init, so no walk from here finds them.  Only this
+    user's processes are read (another's environment is not readable anyway); one that
+    cleared its environment is not found."""
+    if _token is None:
+        return []
+    me, uid = os.getpid(), os.getuid()
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != uid:
+                continue
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if env.startswith(_token + b"\0") or (b"\0" + _token + b"\0") in env:
+            out.append(int(name))
+    return out
+
+
 def kill_descendants() -> int:
-    """SIGKILL every descendant of this process; how many there were.
+    """SIGKILL every descendant of this process, and what they left behind still carrying
+    its guard token (:func:`_strays`); how many there were.
 
     A guarded child calls it on its way out too: the supervisor SIGKILLs the process group
     of a child that exited, but a descendant that left the group (``setsid``) would be
     orphaned to init once its parent is gone."""
     pids = _descendants(os.getpid())
+    pids += [pid for pid in _strays() if pid not in pids]
     for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)

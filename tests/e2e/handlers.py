@@ -112,6 +112,41 @@ class SpawnsSubprocesses(Recorder):
         return super().handle_message(processor, message, context)
 
 
+class SpawnsEveryKind(Recorder):
+    """Starts ``sleep`` processes from handle_message in every way a handler might, once per
+    stage process: in a process group of its own, in a session of its own, as a grandchild
+    under a shell that waits for it, and daemonized (a shell backgrounds ``setsid sleep``
+    and exits: the sleep is orphaned at once, in a session of its own, no descendant of the
+    stage any more).  ``children-<stage pid>.json`` maps each kind to its pid."""
+
+    started = False
+
+    def handle_message(self, processor: str, message: Message, context) -> Message:
+        if not self.started:
+            import subprocess
+
+            type(self).started = True
+            quiet = {"stdin": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+            grandparent = subprocess.Popen(["sh", "-c", "sleep 600 & echo $!; wait"],
+                                           stdout=subprocess.PIPE, **quiet)
+            daemonized = subprocess.run(
+                ["sh", "-c", "setsid sleep 600 </dev/null >/dev/null 2>&1 & echo $!"],
+                capture_output=True, check=True, stdin=subprocess.DEVNULL)
+            pids = {
+                "own_group": subprocess.Popen(["sleep", "600"], process_group=0,
+                                              **quiet).pid,
+                "own_session": subprocess.Popen(["sleep", "600"], start_new_session=True,
+                                                **quiet).pid,
+                "grandchild": int(grandparent.stdout.readline()),
+                "daemonized": int(daemonized.stdout),
+            }
+            path = os.path.join(context["out"], f"children-{os.getpid()}.json")
+            with open(path + ".tmp", "w") as f:
+                json.dump(pids, f)
+            os.rename(path + ".tmp", path)
+        return super().handle_message(processor, message, context)
+
+
 class Contract(Recorder):
     """Broadway's callback contract, tried the way its own tests try it.
 

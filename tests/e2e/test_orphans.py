@@ -56,6 +56,67 @@ def test_a_handlers_subprocesses_are_gone_after_the_daemons_sigkill(short_tmp: P
                 pass
 
 
+def test_every_kind_of_handler_process_is_gone_after_the_daemons_sigkill(
+        short_tmp: Path) -> None:
+    """A real ``offbroadway run``, SIGKILLed: what each processor's handle_message started
+    in a process group of its own, in a session of its own, as a grandchild, and
+    daemonized (orphaned at once, a session of its own: no longer a descendant of the
+    stage) is gone within a deadline."""
+    from tests.e2e.handlers import read_records
+
+    write_spool(short_tmp / "spool", 200, files=1)
+    config = make_config(short_tmp, handler="tests.e2e.handlers:SpawnsEveryKind",
+                         processors=2,
+                         batchers={"even": {"batch_size": 10, "batch_timeout": 0.2},
+                                   "odd": {"batch_size": 10, "batch_timeout": 0.2}})
+    out = short_tmp / "out"
+    daemon = start_daemon(config)
+    kinds: dict[int, str] = {}
+    try:
+        # every message handled: each processor that got any has started its processes
+        wait_until(lambda: len(read_records(str(out), "batch-")) >= 200, timeout=60,
+                   message="the spool handled")
+        files = sorted(out.glob("children-*.json"))
+        assert files
+        for f in files:
+            stage = int(f.stem.split("-")[1])
+            started = json.loads(f.read_text())
+            assert set(started) == {"own_group", "own_session", "grandchild", "daemonized"}
+            for kind, pid in started.items():
+                kinds[pid] = kind
+            proc = {k: psutil.Process(p) for k, p in started.items()}
+            assert all(p.name() == "sleep" for p in proc.values())
+            assert os.getpgid(started["own_group"]) == started["own_group"]
+            assert os.getsid(started["own_session"]) == started["own_session"]
+            assert stage in [a.pid for a in proc["grandchild"].parents()]
+            # what the test is about: the daemonized one left the stage's tree
+            assert os.getsid(started["daemonized"]) == started["daemonized"]
+            assert stage not in [a.pid for a in proc["daemonized"].parents()]
+        created = {pid: psutil.Process(pid).create_time() for pid in kinds}
+        daemon.kill()
+        daemon.wait(timeout=10)
+        left: list[str] = []
+
+        def all_gone() -> bool:
+            left[:] = sorted(kinds[p] for p in kinds if not _gone(p, created[p]))
+            return not left
+
+        try:
+            wait_until(all_gone, timeout=20,
+                       message="the handlers' processes killed with their stages")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {left} still alive") from None
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+        for pid in kinds:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def test_daemon_sigkill_then_restart_loses_nothing(short_tmp: Path) -> None:
     """Deterministic, outside the random chaos run: SIGKILL the daemon with work in flight,
     check every stage died with it, start it again: every line is handled, the spool is
