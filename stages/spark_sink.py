@@ -108,6 +108,10 @@ SESSION_CONF = {
     "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
 }
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+#: Seconds a Spark call (or the session's release) may still run once the owner stops:
+#: well inside the committer's shutdown budget (at least 10 s), long enough for a job
+#: that was about to end to end.
+STOP_GRACE = 3.0
 
 #: Errors that say "this plan/data is wrong": retrying cannot help.
 _PERMANENT = (AnalysisException, IllegalArgumentException, UnsupportedOperationException,
@@ -405,11 +409,26 @@ class SparkSink:
             self._fail(rows.written, exc.reason)
 
     def close(self) -> None:
-        """Release the server-side session (best effort; call at stage teardown)."""
+        """Release the server-side session (best effort; call at stage teardown), waiting
+        at most :data:`STOP_GRACE` seconds for a server that may be gone: after that the
+        channel is closed and the server drops the session on its own."""
         spark, self._spark = self._spark, None
-        if spark is not None:
+        if spark is None:
+            return
+        done = threading.Event()
+
+        def release() -> None:
             try:
                 spark.stop()
+            except Exception:
+                pass
+            finally:
+                done.set()
+
+        threading.Thread(target=release, name="spark-close", daemon=True).start()
+        if not done.wait(STOP_GRACE):
+            try:
+                spark.client.close()
             except Exception:
                 pass
 
@@ -462,16 +481,27 @@ class SparkSink:
             if token:
                 builder.set(DefaultChannelBuilder.PARAM_TOKEN, token)
             spark = SparkSession.builder.channelBuilder(builder).create()
-            # pyspark's own policy retries UNAVAILABLE for ~10 minutes without telling us;
-            # keep it to quick blips so our bounded, heartbeating loop is in charge.
-            spark.client.set_retry_policies([DefaultPolicy(
-                max_retries=3, initial_backoff=100, max_backoff=1000, backoff_multiplier=3.0,
-                jitter=100, min_jitter_threshold=0)])
-            # a job whose client is gone is interrupted by the server instead of going on
-            # writing behind the back of the next committer (module docstring)
-            spark.client.disable_reattachable_execute()
-            for key, value in SESSION_CONF.items():
-                spark.conf.set(key, value)
+            try:
+                # pyspark's own policy retries UNAVAILABLE for ~10 minutes without telling
+                # us; keep it to quick blips so our bounded, heartbeating loop is in charge.
+                spark.client.set_retry_policies([DefaultPolicy(
+                    max_retries=3, initial_backoff=100, max_backoff=1000,
+                    backoff_multiplier=3.0, jitter=100, min_jitter_threshold=0)])
+                # a job whose client is gone is interrupted by the server instead of going
+                # on writing behind the back of the next committer (module docstring)
+                spark.client.disable_reattachable_execute()
+                for key, value in SESSION_CONF.items():
+                    spark.conf.set(key, value)
+            except BaseException:
+                # A client that never became ours must still be closed: pyspark registers
+                # an exit hook per client that, for an open one, sends clean-up calls with
+                # its retries to a server that may be gone (a committer that tried a dead
+                # server spent 6-9 s in its exit, past its shutdown budget).
+                try:
+                    spark.client.close()
+                except Exception:
+                    pass
+                raise
             self._spark = spark
         return self._spark
 
@@ -485,7 +515,15 @@ class SparkSink:
                 pass
 
     def _call(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` in a helper thread; heartbeat here; give up at ``write_timeout``."""
+        """Run ``fn`` in a helper thread; heartbeat here; give up at ``write_timeout``, or
+        :data:`STOP_GRACE` seconds after ``should_stop()`` turned true.
+
+        Why the second bound: a call to a server that died mid-job (or is being restarted
+        on the same port) can hang for the whole ``write_timeout``; the owner told to stop
+        would then outlive its shutdown budget and be SIGKILLed.  A job still in flight when
+        its owner stops is not one the owner will answer anyway (its batches stay unacked,
+        and the commit's stamp, journaled before the job, puts its rows in doubt if it did
+        commit), so it is abandoned: its channel is closed and the server interrupts it."""
         box: dict[str, Any] = {}
 
         def target() -> None:
@@ -496,13 +534,23 @@ class SparkSink:
 
         thread = threading.Thread(target=target, name="spark-write", daemon=True)
         thread.start()
-        deadline = time.monotonic() + self.write_timeout
+        now = time.monotonic()
+        deadline, beat, stop_at = now + self.write_timeout, now + 1.0, None
         while True:
-            thread.join(timeout=1.0)
+            thread.join(timeout=0.2)
             if not thread.is_alive():
                 break
-            self.on_wait()
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now >= beat:
+                self.on_wait()
+                beat = now + 1.0
+            if stop_at is None and self.should_stop():
+                stop_at = now + STOP_GRACE
+            if stop_at is not None and now >= stop_at:
+                self._drop_session()
+                raise WriteAbandoned(f"stopping while a Spark call ran (abandoned after "
+                                     f"{STOP_GRACE:g} s)")
+            if now > deadline:
                 self._drop_session()
                 raise _Timeout(f"Spark call still running after {self.write_timeout:.0f} s; "
                                "abandoned")
