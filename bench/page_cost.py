@@ -155,21 +155,32 @@ def main() -> None:
     if args.state_cost:
         state_cost(args.state_cost)
         return
-    ratios, plain, seen = [], [], []
+    ratios, plain, seen, cpu_ratios = [], [], [], []
+
+    def cpu(r: dict) -> float:
+        """CPU per message of the stages and the daemon together: what the machine spends
+        on a message, far steadier than the wall-clock rate on a loaded machine."""
+        return r["cpu_us_per_message_total"] + r["daemon_us_per_message"]
+
     for i in range(args.repeat):
         order = (False, True) if i % 2 == 0 else (True, False)
         got = {w: run(args.messages, w) for w in order}
         plain.append(got[False]["rate"])
         seen.append(got[True]["rate"])
         ratios.append(got[True]["rate"] / got[False]["rate"])
+        cpu_ratios.append(cpu(got[True]) / cpu(got[False]))
         events, states = got[True]["viewer"]
         print(f"round {i + 1}: unwatched {got[False]['rate']:,.0f} msg/s, watched "
               f"{got[True]['rate']:,.0f} msg/s ({events} pushes, {states} states read), "
-              f"ratio {ratios[-1]:.3f}", flush=True)
+              f"ratio {ratios[-1]:.3f}; CPU per message (stages + daemon) "
+              f"{cpu(got[False]):.2f} -> {cpu(got[True]):.2f} us, of which the daemon's "
+              f"{got[False]['daemon_us_per_message']:.2f} -> "
+              f"{got[True]['daemon_us_per_message']:.2f}: x{cpu_ratios[-1]:.3f}", flush=True)
     print(f"median: unwatched {statistics.median(plain):,.0f} msg/s, watched "
           f"{statistics.median(seen):,.0f} msg/s, ratio of medians "
           f"{statistics.median(seen) / statistics.median(plain):.3f}, median ratio "
-          f"{statistics.median(ratios):.3f} over {args.repeat} rounds")
+          f"{statistics.median(ratios):.3f} over {args.repeat} rounds; CPU per message "
+          f"watched / unwatched, median x{statistics.median(cpu_ratios):.3f}")
 
 
 if __name__ == "__main__":
