@@ -229,33 +229,51 @@ class CommitterStage(Stage):
 
     def _still_to_write(self, job: list[Handed]) -> list[Handed]:
         """The batches of ``job`` with the rows whose message may be in the dataset
-        already dropped (their staged files rewritten): one ``is_in`` over the group's
-        ids; a batch with no row left is answered as written."""
+        already, or is in an earlier row of the group too, dropped (their staged files
+        rewritten; :meth:`.Doubt.check`); a batch with no row left is answered as
+        written.  A batch that lost a row as a repeat is answered like the batches of
+        the job that are written (:meth:`_follow`): the copy kept is in one of them."""
         assert self.staging is not None
         tables = [self.staging.read(h.file) for h in job]
-        ids = pa.concat_arrays([t.column("message_id").combine_chunks() for t in tables])
-        mask = self.doubt.mask(ids)
-        if mask is None:
+        masks, follows = self.doubt.check(
+            [t.column("message_id").combine_chunks() for t in tables])
+        if not any(m is not None for m in masks):
             return job
         out: list[Handed] = []
-        at = skipped = 0
-        for h, table in zip(job, tables):
-            hit = mask.slice(at, len(table))
-            at += len(table)
-            n = pc.sum(hit).as_py() or 0
-            if not n:
+        skipped = 0
+        for h, table, hit in zip(job, tables, masks):
+            if hit is None:
                 out.append(h)
                 continue
-            skipped += n
+            skipped += pc.sum(hit).as_py() or 0
             kept = table.filter(pc.invert(hit))
             if len(kept):
                 self.staging.write(kept, h.file)
                 out.append(h)
+        self._job_out["follows"] = {id(job[i]) for i in follows}
+        self._job_out["in_job"] = {id(h) for h in out}
         self.counters["already_written"] += skipped
         self._job_out["skipped"] = self._job_out.get("skipped", 0) + skipped
         log.info("%s: %d row(s) of this group may be in the dataset already (written "
-                 "before a restart): acknowledged, not written again", self.id, skipped)
+                 "before a restart) or came twice (a stale copy and its redelivery): "
+                 "acknowledged, not written again", self.id, skipped)
         return out
+
+    @staticmethod
+    def _follow(out: dict[str, Any], items: list[Handed], errors: dict[int, str]) -> None:
+        """A batch that lost rows as repeats of rows kept in other batches of its job is
+        written only if those are: when any batch of the job failed, it fails too (with
+        that reason), so no message is acknowledged for a row that was not written."""
+        follows = out.get("follows")
+        if not follows:
+            return
+        in_job = out.get("in_job", set())
+        failed = [errors[i] for i in in_job if i in errors]
+        if not failed:
+            return
+        for h in items:
+            if id(h) in follows and id(h) not in errors:
+                errors[id(h)] = failed[0]
 
     def _conform(self, h: Handed) -> None:
         """The staged file in the dataset's schema: the usual case is the same schema
@@ -446,6 +464,7 @@ class CommitterStage(Stage):
             self._last_commit = (time.time(), rows, took)
             self.metrics.observe("spark_write", took, self.spec.batcher)
             self.metrics.observe("spark_commit_rows", rows, self.spec.batcher)
+        self._follow(out, items, errors)
         if errors:
             self.counters["commit_failures"] += 1
             self.counters["failed"] += sum(h.rows for h in items if id(h) in errors)

@@ -22,10 +22,16 @@ that be?  Only those of the last jobs before the crash:
   commits is in doubt too, and whichever copy of a message comes first is the one
   written;
 * every staged batch is checked against the ids in doubt (``pc.is_in`` over the whole
-  group's ids at once, in C, only while any are in doubt): rows already committed are
-  dropped from the file before Spark reads it, and their messages are acknowledged as
-  written.  The set is forgotten :data:`HORIZON` seconds after it last grew once the
-  watch is over (the source redelivers at once; anything later is a new delivery).
+  group's ids at once, in C, only while any are in doubt or a watch runs): rows already
+  committed are dropped from the file before Spark reads it, and their messages are
+  acknowledged as written;
+* while it checks, the committer also keeps one row per id *within* the group
+  (:func:`repeats`, in C): after a requeue a stale copy and the redelivered copy of a
+  message can reach it close together, in one Broadway batch or in two batches of one
+  group, and neither is in the dataset yet when the group is checked.
+
+The set is forgotten :data:`HORIZON` seconds after it last grew once the watch is over
+(the source redelivers at once; anything later is a new delivery).
 
 No pyspark here: the Spark query is the sink's (:meth:`.spark_sink.SparkSink.ids_of`).
 """
@@ -41,7 +47,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["Doubt", "Journal", "RecentFiles"]
+__all__ = ["Doubt", "Journal", "RecentFiles", "either", "repeats"]
 
 #: stamps kept in the journal (rewritten to this many once it holds ten times more)
 KEEP = 16
@@ -162,13 +168,58 @@ class Doubt:
         hit = pc.is_in(ids, value_set=self._ids)
         return hit if pc.any(hit).as_py() else None
 
+    def check(self, ids: list[pa.Array]) -> tuple[list[pa.Array | None], set[int]]:
+        """For the batches of one group (their ``message_id`` columns, in order): per
+        batch, True at the rows to leave out (None: none), those in doubt and those
+        whose id an earlier row of the group has; and the batches that lost a row as
+        such a repeat (the copy kept is in another batch: they are written only if the
+        group is).  One ``is_in`` and one ``unique`` over the whole group, in C."""
+        whole = pa.concat_arrays(ids) if ids else pa.array([], pa.string())
+        again = repeats(whole)
+        hit = either(self.mask(whole), again)
+        masks: list[pa.Array | None] = []
+        follows: set[int] = set()
+        at = 0
+        for i, batch in enumerate(ids):
+            if hit is None:
+                masks.append(None)
+                continue
+            part = hit.slice(at, len(batch))
+            if again is not None and pc.any(again.slice(at, len(batch))).as_py():
+                follows.add(i)
+            masks.append(part if pc.any(part).as_py() else None)
+            at += len(batch)
+        return masks, follows
+
     def filter(self, table: pa.Table) -> pa.Table | None:
-        """``table`` without the rows in doubt; None when none of them is."""
-        hit = self.mask(table.column("message_id").combine_chunks())
+        """``table`` without the rows in doubt and the repeats of an earlier row (while
+        ids are in doubt or a watch runs); None when no row goes."""
+        if self._ids is None and self._watch_left <= 0:
+            return None
+        ids = table.column("message_id").combine_chunks()
+        hit = either(self.mask(ids), repeats(ids))
         if hit is None:
             return None
         self.skipped += pc.sum(hit).as_py() or 0
         return table.filter(pc.invert(hit))
+
+
+def either(a: pa.Array | None, b: pa.Array | None) -> pa.Array | None:
+    """The union of two masks of which either may be None (no row)."""
+    return b if a is None else a if b is None else pc.or_(a, b)
+
+
+def repeats(ids: pa.Array) -> pa.Array | None:
+    """True at each row whose id an earlier row of ``ids`` already has (None: every id is
+    once).  In C: ``unique`` keeps ids in the order they first appear, so a row is the
+    first of its id exactly when its index among them is above every index before it."""
+    uniq = pc.unique(ids)
+    if len(uniq) == len(ids):
+        return None
+    at = pc.index_in(ids, value_set=uniq)
+    seen = pc.cumulative_max(at)
+    before = pa.concat_arrays([pa.array([-1], at.type), seen.slice(0, len(seen) - 1)])
+    return pc.less_equal(at, before)
 
 
 class RecentFiles:

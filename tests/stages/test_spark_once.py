@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
-from offbroadway.stages.spark_once import KEEP, Doubt, Journal, RecentFiles
+from offbroadway.stages.spark_once import KEEP, Doubt, Journal, RecentFiles, repeats
 
 
 def test_the_journal_gives_back_the_last_stamps_and_stays_bounded(tmp_path: Path) -> None:
@@ -64,3 +64,30 @@ def test_recent_files_keep_a_window_per_batch_processor() -> None:
     assert r.add(b"bp1", "g1") is None
     assert r.names() == {"f2", "f3", "g1"}
     assert r.pop(b"bp0") == ["f2", "f3"] and r.pop(b"bp0") == []
+
+
+def lists(masks: list[pa.Array | None]) -> list[list[bool] | None]:
+    return [None if m is None else m.to_pylist() for m in masks]
+
+
+def test_a_message_twice_in_one_group_is_written_once_while_the_committer_checks() -> None:
+    """After a requeue a stale copy and the redelivered copy can sit in one group (even
+    one batch), neither in the dataset yet: the first is kept, the repeats left out, and
+    the batches that lost a repeat are named (written only if the group is)."""
+    ids = pa.array(["a", "b", "a", "c", "b", "b", "d"])
+    assert repeats(ids).to_pylist() == [False, False, True, False, True, True, False]
+    assert repeats(pa.array(["a", "b"])) is None and repeats(pa.array([], pa.string())) is None
+    d = Doubt(horizon=100.0)
+    group = [pa.array(["a", "b"]), pa.array(["a", "c", "b"]), pa.array(["b", "d"])]
+    table = pa.table({"v": list(range(7)), "message_id": ids})
+    assert d.filter(table) is None, "nothing in doubt, no watch: nothing checked"
+    d.watch(10)
+    masks, follows = d.check(group)
+    assert lists(masks) == [None, [True, False, True], [True, False]]
+    assert follows == {1, 2}
+    assert d.filter(table).column("v").to_pylist() == [0, 1, 3, 6]
+    d.add(pa.array(["c", "x"]), now=0.0)
+    masks, follows = d.check(group)
+    assert lists(masks) == [None, [True, True, True], [True, False]]
+    assert d.check([pa.array(["d"]), pa.array(["e"])]) == ([None, None], set())
+    assert d.filter(table).column("v").to_pylist() == [0, 1, 6]
