@@ -575,8 +575,10 @@ class Daemon:
             for key in self.config.batchers:
                 prefix = f"batch_processor_{key}_"
                 bps = [s for s in stages if s.startswith(prefix) and s[len(prefix):].isdigit()]
+                committer = [f"committer_{key}"]
                 written.append(outcome_mod.Written(
-                    key, board.sum([f"committer_{key}"], "out"), board.sum(bps, "out")))
+                    key, board.sum(committer, "out"), board.sum(bps, "out"),
+                    board.sum(committer, "already_written")))
         failed = board.sum(t.producers, "failed")
         retried = sum(int(board.source(p).get("failure_requeued",
                                                board.source(p).get("naked", 0)) or 0)

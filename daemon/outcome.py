@@ -35,23 +35,29 @@ EXIT_FAILED = 3
 
 @dataclass(frozen=True)
 class Written:
-    """One Spark batcher's rows: committed to the dataset, and acked by batch processors."""
+    """One Spark batcher's rows: committed to the dataset, acked by batch processors, and
+    of those acked, the rows the committer answered without writing them (``already``:
+    their message was in the dataset already, or came twice in one group; see
+    stages/spark_once.py)."""
 
     key: str
     committed: int
     acked: int
+    already: int = 0
 
     @property
     def rows(self) -> int:
-        """Rows in the dataset from this run.  Every acked row was committed first; a
-        committer's report can trail its batch processors' by a tick, never the truth."""
-        return max(self.committed, self.acked)
+        """Rows in the dataset from this run.  Every acked row was committed first or is
+        counted in ``already``; a committer's report can trail its batch processors' by
+        a tick, never the truth."""
+        return max(self.committed, self.acked - self.already)
 
     @property
     def unanswered(self) -> int:
         """Rows committed whose batch processor never acked them (it stopped before the
-        committer's answer): their messages go back to the source and are written again."""
-        return max(0, self.committed - self.acked)
+        committer's answer): their messages went back to the source, and came back to be
+        acked without being written again."""
+        return max(0, self.committed - (self.acked - self.already))
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ killed along the way wrote too.
 
 from __future__ import annotations
 
-COUNTED = ("in", "out", "failed", "acked", "requeued", "batches")
+COUNTED = ("in", "out", "failed", "acked", "requeued", "batches", "already_written")
 
 
 class StageTotals:

@@ -468,6 +468,8 @@ class CommitterStage(Stage):
         if errors:
             self.counters["commit_failures"] += 1
             self.counters["failed"] += sum(h.rows for h in items if id(h) in errors)
+        # the books before the answers: the daemon's count of rows written must not trail
+        # the acks those answers bring about
+        self._report_now()
         for h in items:
             self._send(h.peer, spark_wire.result(h.ref, errors.get(id(h)), schema_ipc))
-        self._report_now()
