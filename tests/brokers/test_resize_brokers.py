@@ -67,6 +67,8 @@ def test_scale_up_and_down_midstream_rabbitmq_exact_books(short_tmp: Path, rabbi
     assert rabbit.take_all(queue) == []          # nothing unacked came back either
 
 
+# the RabbitMQ one runs by default: long: not in the default run (pytest -m slow)
+@pytest.mark.slow
 def test_scale_up_and_down_midstream_nats_exact_books(short_tmp: Path, jet) -> None:
     """The same sequence against NATS JetStream: every message once, nothing pending or
     unacked at the durable, and each producer's pull window following the shape."""

@@ -20,7 +20,9 @@ import pytest
 
 from bench.chaos import ChaosOptions, run_chaos, summary
 
-pytestmark = [pytest.mark.chaos, pytest.mark.spark]
+# random kills for half a minute per source (bench/chaos.py is the long version):
+# long, not in the default run (pytest -m slow)
+pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.spark]
 TOKEN_ENV = "OB_CHAOS_SPARK_TOKEN"
 STAGE_KINDS = {"producer", "processor", "batcher", "batch_processor"}
 

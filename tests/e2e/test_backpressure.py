@@ -38,6 +38,8 @@ def broker_unacked(queue: str) -> int:
                 if line.split()[:1] == [queue])
 
 
+# the spool's runs by default: long: not in the default run (pytest -m slow)
+@pytest.mark.slow
 def test_a_stalled_sink_stops_the_producer_and_memory_stays_flat(short_tmp: Path,
                                                                rabbit) -> None:  # noqa: F811
     import pika

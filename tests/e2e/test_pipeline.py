@@ -243,8 +243,10 @@ def producer_inflight(control: Path) -> int:
                for node in tree_nodes(control).values() if node["id"].startswith("producer_"))
 
 
-@pytest.mark.parametrize("victim", ["processor_default_0", "batcher_even",
-                                    "batch_processor_even_0", "producer_0"])
+# two victims by default; the others are long (pytest -m slow)
+@pytest.mark.parametrize("victim", [
+    "processor_default_0", pytest.param("batcher_even", marks=pytest.mark.slow),
+    "batch_processor_even_0", pytest.param("producer_0", marks=pytest.mark.slow)])
 def test_sigkill_of_any_stage_loses_nothing(short_tmp: Path, victim: str) -> None:
     """SIGKILL one stage mid-run: every line is written, and a line is written twice only
     if it was in flight at the kill.  The books that say so:

@@ -152,6 +152,8 @@ def test_a_poison_message_is_dead_lettered_after_max_crashes(short_tmp: Path, ki
     assert how in letter["reason"], letter["reason"]
 
 
+# long: not in the default run (pytest -m slow)
+@pytest.mark.slow
 def test_a_poison_message_with_batchers(short_tmp: Path) -> None:
     """Each crash restarts the batchers too (rest_for_one): still exactly max_crashes."""
     poison_id = write_poisoned_spool(short_tmp / "spool", "exit")

@@ -51,6 +51,8 @@ def test_pure_bucket_arithmetic() -> None:
             ratelimit.parse(bad)
 
 
+# long: not in the default run (pytest -m slow)
+@pytest.mark.slow
 def test_rate_limit_holds_changes_live_and_is_shown(short_tmp: Path) -> None:
     config = make_config(short_tmp, handler="tests.e2e.rate_handlers:Stamped",
                          source="generator", producers=2, options={"payload_bytes": 10})

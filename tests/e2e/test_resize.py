@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 from offbroadway.daemon import control
 
 from tests.conftest import REPO, offbroadway_cmd, start_daemon, test_env, wait_until
@@ -273,6 +274,8 @@ def assert_nothing_lost(tmp: Path, n: int, log: str) -> None:
     assert not list((tmp / "spool").glob("*.jsonl")), "spool not fully acked"
 
 
+# long: not in the default run (pytest -m slow)
+@pytest.mark.slow
 def test_a_stage_killed_while_it_leaves_is_a_crash_and_the_resize_still_ends(
         short_tmp: Path) -> None:
     """processor_default_1 is held in handle_message, told to leave, and SIGKILLed: one
@@ -305,6 +308,8 @@ def test_a_stage_killed_while_it_leaves_is_a_crash_and_the_resize_still_ends(
     assert_nothing_lost(short_tmp, n, log)
 
 
+# long: not in the default run (pytest -m slow)
+@pytest.mark.slow
 def test_a_stage_that_does_not_finish_leaving_is_restarted_out(short_tmp: Path) -> None:
     """processor_default_1 is held in handle_message past shutdown_timeout while it
     leaves: the resize restarts it out as a crash would (one requeue, the new shape) and

@@ -319,7 +319,10 @@ def rabbit_settled(queue: str) -> tuple[int, int]:
     raise AssertionError(f"queue {queue} not listed: {res.stdout[-500:]}")
 
 
-@pytest.mark.parametrize("server", [RabbitApp(), RabbitNode()], ids=lambda s: s.name)
+# stop_app/start_app is long (not in the default run: pytest -m slow); the node's
+# restart runs by default
+@pytest.mark.parametrize("server", [pytest.param(RabbitApp(), marks=pytest.mark.slow),
+                                    RabbitNode()], ids=lambda s: s.name)
 def test_rabbitmq_restarted_mid_run_loses_nothing(short_tmp: Path, servers: list[Server],
                                                   durable_queue: str, server: Server) -> None:
     figures = through_a_restart(short_tmp, server, servers, source="rabbitmq", options={

@@ -201,6 +201,8 @@ def test_state_dir_full_holds_the_acks_and_resumes(short_tmp: Path, tmpfs: Path)
     assert not list((tmpfs / "spool").glob("*.acked")), "records left behind"
 
 
+# the state dir's runs by default: long: not in the default run (pytest -m slow)
+@pytest.mark.slow
 def test_done_dir_full_moves_nothing_half_and_resumes(short_tmp: Path, tmpfs: Path) -> None:
     out, _ = run_full(short_tmp, tmpfs, state_on_tmpfs=False)
     assert "move finished" in out

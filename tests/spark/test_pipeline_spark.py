@@ -159,6 +159,8 @@ def test_a_row_that_breaks_the_schema_fails_only_its_message(short_tmp: Path,
     assert "seq" in failed[0]["reason"]
 
 
+# long: not in the default run (pytest -m slow)
+@pytest.mark.slow
 def test_sigterm_mid_run_writes_the_partial_batches_and_loses_nothing(short_tmp: Path,
                                                                       spark_server) -> None:
     n, size = 8000, 1000
@@ -341,6 +343,8 @@ def kill_the_jvm_in_a_commit(config: Path, tmp: Path, n: int, *, draining: bool)
     return err
 
 
+# two JVM starts of its own: long: not in the default run (pytest -m slow)
+@pytest.mark.slow
 def test_sigkill_of_the_daemons_own_spark_server_loses_nothing(short_tmp: Path) -> None:
     """The daemon starts and supervises its own server; its JVM is SIGKILLed while a
     committer runs a Spark job, long before the source is exhausted.  rest_for_one

@@ -26,7 +26,8 @@ from tests.e2e.test_pipeline import make_config, write_spool
 from tests.spark.conftest import ServerHandle, spark_config, wait_ready
 from tests.spark.test_pipeline_spark import TOKEN_ENV, daemon_env, run, spark_section
 
-pytestmark = [pytest.mark.spark,
+# its own Spark server in its own mount namespace: long: not in the default run (pytest -m slow)
+pytestmark = [pytest.mark.slow, pytest.mark.spark,
               pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
                                  reason="needs root and unshare(1) for a mount namespace")]
 

@@ -17,7 +17,8 @@ from tests.e2e.test_pipeline import write_spool
 from tests.e2e.test_resize import resizable_config, resize_midstream
 from tests.spark.test_pipeline_spark import TOKEN_ENV, daemon_env, rows, spark_section
 
-pytestmark = pytest.mark.spark
+# long: not in the default run (pytest -m slow)
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 
 def test_scale_up_and_down_midstream_spark_exact_rows(short_tmp: Path, spark_server) -> None:

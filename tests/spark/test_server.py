@@ -61,6 +61,8 @@ def throwaway_servers(tmp_path_factory: pytest.TempPathFactory):
                 pass
 
 
+# throwaway JVMs of its own: long: not in the default run (pytest -m slow)
+@pytest.mark.slow
 def test_jvm_sigkill_makes_the_server_exit_nonzero(throwaway_servers):
     handle = throwaway_servers[0]
     os.kill(handle.jvm_pid(), signal.SIGKILL)
@@ -69,6 +71,8 @@ def test_jvm_sigkill_makes_the_server_exit_nonzero(throwaway_servers):
     assert "exited with signal SIGKILL" in handle.out.read_text()
 
 
+# throwaway JVMs of its own: long: not in the default run (pytest -m slow)
+@pytest.mark.slow
 def test_wrapper_sigkill_takes_the_jvm_down(throwaway_servers):
     handle = throwaway_servers[1]
     jvm = handle.jvm_pid()

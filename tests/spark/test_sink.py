@@ -161,6 +161,8 @@ def test_json_format(spark, sink_env, tmp_path):
     sink.close()
 
 
+# long: not in the default run (pytest -m slow)
+@pytest.mark.slow
 def test_two_writer_processes_lose_and_duplicate_nothing(spark, spark_server, tmp_path):
     """Two processes committing into the same dataset at once (the committer serializes
     its own commits; this shows the staging-and-rename scheme needs no such luck: with

@@ -20,6 +20,8 @@ from tests.spark.test_pipeline_spark import run
 pytestmark = pytest.mark.spark
 
 
+# its own Spark server with a catalog: long: not in the default run (pytest -m slow)
+@pytest.mark.slow
 def test_a_table_by_name_holds_every_line_once(short_tmp: Path) -> None:
     n = 3000
     write_spool(short_tmp / "spool", n, files=2, extra={"route": "spark"})

@@ -13,9 +13,14 @@ import json
 import re
 import time
 
+import pytest
+
 from tests.conftest import REPO, free_port, wait_until
 from tests.systemd.conftest import HANDLERS
 from tests.systemd.machine import Machine
+
+# debootstrap and a booted systemd take minutes: long: not in the default run (pytest -m slow)
+pytestmark = pytest.mark.slow
 
 OB = "/opt/offbroadway/bin/offbroadway"
 EXAMPLE = (REPO / "config" / "example.toml").read_text()
