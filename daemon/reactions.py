@@ -213,12 +213,20 @@ class Reactions:
 
     def restarting(self, supervisor_id: str, children: Iterable[str] = (),
                    reason: str = "") -> list[Send]:
-        """A restart plan's terminations are done: requeue once if anything was lost."""
+        """A restart plan's terminations are done: requeue once if anything was lost; and
+        whenever the sources take anything back (that requeue, or a producer restarting),
+        tell the live committers (:meth:`redelivery`)."""
         self._clock += 1
-        for w in self.tree.workers(c for c in children if c in self.tree.node):
+        workers = self.tree.workers(c for c in children if c in self.tree.node)
+        for w in workers:
             self._restarted_at[w] = self._clock
+        sources = set(self.topology.sources)
         if not self.lost:
-            return []
+            restarted = [w for w in workers if w in sources]
+            if not restarted:
+                return []
+            return self.redelivery(f"{', '.join(restarted)} restarting: {reason}"
+                                   if reason else f"{', '.join(restarted)} restarting")
         why = f"{', '.join(self.lost)} down: {reason}" if reason else \
             f"{', '.join(self.lost)} down"
         # a stage a resize is removing is not waited for: the restart builds the new shape
@@ -232,7 +240,17 @@ class Reactions:
         if release:   # no processor restarting after all: nothing to wait for
             out += [Send(c.stage, commands.ReleaseSuspects()) for c in out]
         self.lost = []
-        return out
+        return out + self.redelivery(why)
+
+    def redelivery(self, why: str) -> list[Send]:
+        """The sources take back what was in flight while copies of some of it may live on
+        downstream (or be committed already, their acks lost with a dead producer): every
+        live committer hears it, before any stage of the restart starts, so it puts its
+        recent commits and its next ones in doubt (docs/design-spark.md §5).  A committer
+        that restarts too reads its journal back instead.  A producer's death is the case
+        only this covers: no stage the committer talks to restarts with it."""
+        return [Send(c, commands.Redelivery(reason=why)) for c in self.topology.committers
+                if c in self.alive]
 
     def started(self, child_id: str) -> list[Send]:
         """A worker is up: its live consumers subscribe to it afresh (restarting ones

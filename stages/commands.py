@@ -25,6 +25,9 @@ Resubscribe         a stage's consumers  that upstream restarted: subscribe afre
 Requeue             producers           a crash cascade lost what it held: hand every
                                         message in flight back to the source (with the
                                         crash's :class:`CrashBlame`, if any)
+Redelivery          committers          the sources take back what was in flight (a
+                                        producer restarts, or the live ones requeue):
+                                        copies of committed messages may come again
 ReleaseSuspects     producers           the processors are back: quarantined suspects
                                         may run
 Pause / Resume      producers           operator drain / resume
@@ -151,6 +154,17 @@ class Requeue(Command):
 
 
 @dataclass(frozen=True)
+class Redelivery(Command):
+    """The sources take back what was in flight (a producer restarts: its source takes
+    back what it held; or the live producers requeue what a crash lost), while the stages
+    that live on may still hold copies of some of it: a committer puts what it committed
+    lately, and what it commits next, in doubt (docs/design-spark.md §5)."""
+
+    NAME: ClassVar[str] = "redelivery"
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class ReleaseSuspects(Command):
     NAME: ClassVar[str] = "release_suspects"
 
@@ -215,8 +229,8 @@ class Window(Command):
 
 
 COMMANDS: dict[str, type[Command]] = {c.NAME: c for c in (
-    Shutdown, NoResubscribe, Resubscribe, Requeue, ReleaseSuspects, Pause, Resume, Flush,
-    Batching, LogLevel, Leave, Subscribe, Window)}
+    Shutdown, NoResubscribe, Resubscribe, Requeue, Redelivery, ReleaseSuspects, Pause,
+    Resume, Flush, Batching, LogLevel, Leave, Subscribe, Window)}
 
 
 def parse_command(name: object, args: object) -> Command:

@@ -71,6 +71,7 @@ class CommitterStage(Stage):
         self.staging: StagingDir | None = None
         self.sink: Any = None
         self.counters.update(batches=0, commits=0, commit_failures=0, already_written=0)
+        self.accept(commands.Redelivery, self._on_redelivery)
         self.schema: pa.Schema | None = None          # the dataset's data columns
         self._schema_bytes: bytes | None = None        # with message_id, as IPC
         self.schema_error: str | None = None
@@ -164,12 +165,8 @@ class CommitterStage(Stage):
             log.info("%s: %s restarted; %d of its batches not yet in a job dropped (they "
                      "are delivered again)", self.id, peer.decode(errors="replace"), len(gone))
         if self.staging is not None and peer in self._seen:
-            # a new incarnation: the producers took back every message in flight, so the
-            # committed batches whose answers may not have become acks, of every batch
-            # processor, are in doubt, and so is what stale copies commit from now on
-            self._doubt_files(self.recent.pop(peer) + sorted(self.recent.names()))
-            self._restarted = self._restarted or bool(self._job_items)
-            self.doubt.watch(WATCH * self.groups.max_rows)
+            # a new incarnation: the producers took back every message in flight
+            self._taken_back(self.recent.pop(peer))
         self._seen.add(peer)
         if self.staging is not None:
             # what it staged and never handed over
@@ -179,6 +176,27 @@ class CommitterStage(Stage):
             self._send(peer, self._schema_frame())
         else:
             self.waiting_hello.add(peer)
+
+    def _on_redelivery(self, command: commands.Redelivery) -> None:
+        """The daemon says the sources take back what was in flight (a producer restarts,
+        or the live ones requeue what a crash lost): no batch processor of ours need
+        restart for it (a producer's death), so its hello cannot tell us."""
+        if self.staging is None:
+            return
+        log.info("%s: the sources deliver again what was in flight (%s): the recent "
+                 "commits and the next %d row(s) are checked for rows already written",
+                 self.id, command.reason, WATCH * self.groups.max_rows)
+        self._taken_back([])
+
+    def _taken_back(self, files: list[str]) -> None:
+        """The sources took back every message in flight, while stale copies of some may
+        still be on their way here: the committed batches whose answers may not have
+        become acks (those of ``files``, and the recent ones of every batch processor)
+        are in doubt, so are those of the running job once it ends, and so is what is
+        committed from now on for a while (the watch)."""
+        self._doubt_files(files + sorted(self.recent.names()))
+        self._restarted = self._restarted or bool(self._job_items)
+        self.doubt.watch(WATCH * self.groups.max_rows)
 
     def _schema_frame(self) -> bytes:
         assert self.staging is not None

@@ -292,3 +292,37 @@ def test_a_consumer_restarting_while_its_producer_restarts_is_told_at_its_start(
     for sid in r.topology.processors:
         cmds += r.started(sid)
     assert not [c for c in cmds if c.command.NAME == "resubscribe"]
+
+
+def _spark_topology() -> topo_mod.Topology:
+    raw = {
+        "pipeline": {"name": "t", "handler": "examples.orders:Orders"},
+        "producer": {"source": "spool", "options": {"path": "var/spool"}, "concurrency": P},
+        "processors": {"default": {"concurrency": C}},
+        "batchers": {f"b{i}": {"batch_size": 10, "concurrency": 2} for i in range(B)},
+        "runtime": {"dir": "/tmp/ob-run"},
+    }
+    return topo_mod.build(validate(raw).config, spark_settings={"commit_rows": 100})
+
+
+def test_the_live_committers_hear_when_the_sources_take_back_what_was_in_flight() -> None:
+    """A producer's death hands back what its source held while copies of some are still
+    downstream (and acks of some died with it): no stage a committer talks to restarts,
+    so the daemon tells the committers, before the producer starts again.  A requeue
+    after a batch processor's crash tells them too; a cascade that restarts the
+    committers themselves (they read their journal back) tells nobody."""
+    t = _spark_topology()
+    assert t.committers == ["committer_b0", "committer_b1"]
+    r = Reactions(t)
+    _up(r)
+    cmds = r.exited("producer_1", expected=False, reason="killed by SIGKILL")
+    cmds += r.restarting("ProducerSupervisor", ("producer_1",), "producer_1 killed")
+    assert _names(cmds) == Counter({(c, "redelivery"): 1 for c in t.committers})
+    assert "producer_1" in cmds[0].command.reason
+    r.started("producer_1")
+    cmds = _crash_cascade(r, "batch_processor_b1_0")
+    names = [(c.stage, c.command.NAME) for c in cmds]
+    assert names[:2 * P] == [(p, "requeue") for p in t.producers] + \
+        [(c, "redelivery") for c in t.committers]
+    cmds = _crash_cascade(r, "processor_default_0")
+    assert not [c for c in cmds if c.command.NAME == "redelivery"]
