@@ -10,7 +10,9 @@ what an open page does and more: keeps ``/api/events`` (the page's stream, a sta
 second) open and also GETs ``/api/state`` and ``/metrics`` every second.  Both runs have
 the listener on, so the difference is the page alone.  Prints each run's messages/s
 (throughput.py's figure: from its status counters between the first acked message and
-the last) and the ratio watched / unwatched per round, then the medians.
+the last) and the ratio watched / unwatched per round, then the medians; and each run's
+CPU per message (the stage processes and the daemon, where the page's work is done),
+which moves far less than the rate with the machine's load.
 """
 
 from __future__ import annotations
