@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from offbroadway.daemon.names import role_of
 
 REPO = Path(__file__).resolve().parent.parent
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
@@ -180,7 +181,7 @@ def sample_status(tree: dict) -> dict[str, Any]:
     for n in walk(tree):
         s["restarts"] += n.get("restarts") or 0
         m = n.get("messages") or {}
-        if n["id"].startswith("producer_"):
+        if role_of(n["id"]) == "producer":
             src = m.get("source") or {}
             s["inflight"] += m.get("inflight", 0)
             s["producer_buffered"] += m.get("buffered", 0) + (src.get("buffered") or 0)
@@ -189,12 +190,12 @@ def sample_status(tree: dict) -> dict[str, Any]:
             s["acked"] += m.get("acked", 0)
             s["failed"] += m.get("failed", 0)
             s["prefetch"] = src.get("prefetch_count")
-        elif n["id"].startswith("processor_"):
+        elif role_of(n["id"]) == "processor":
             s["processor_buffered"] += m.get("buffered", 0)
-        elif n["id"].startswith("batcher_"):
+        elif role_of(n["id"]) == "batcher":
             s["batcher_buffered"] += m.get("buffered", 0)
             s["batcher_pending"] += m.get("pending_batches", 0)
-        elif n["id"].startswith("batch_processor_"):
+        elif role_of(n["id"]) == "batch_processor":
             s["written"] += m.get("out", 0)
     return s
 

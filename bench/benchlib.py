@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from offbroadway.daemon.names import role_of
 from offbroadway.daemon.spark_server import free_port  # noqa: F401 (re-exported: one definition)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -94,13 +95,13 @@ def nodes(tree: dict) -> Iterator[dict]:
 def producer_acked(tree: dict) -> int:
     """Messages acked at the source, all producers."""
     return sum(n.get("messages", {}).get("acked", 0) for n in nodes(tree)
-               if n["id"].startswith("producer_"))
+               if role_of(n["id"]) == "producer")
 
 
 def producer_messages(tree: dict) -> dict:
     """The first producer's counters ({} before it reports)."""
     return next((n.get("messages", {}) for n in nodes(tree)
-                 if n["id"].startswith("producer_") and n.get("messages")), {})
+                 if role_of(n["id"]) == "producer" and n.get("messages")), {})
 
 
 def producer_source(tree: dict) -> dict:

@@ -83,6 +83,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from offbroadway.daemon import names
 
 REPO = Path(__file__).resolve().parent.parent
 AMQP_URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
@@ -271,9 +272,11 @@ def walk(node: dict) -> Iterator[tuple[dict, list[dict]]]:
 
 
 def kind_of(child_id: str) -> str | None:
-    for kind in ("batch_processor", "producer", "processor", "batcher"):
-        if child_id.startswith(kind + "_"):
-            return kind
+    """The kind of worker the bench kills: a stage's role (committers are not killed here)
+    or ``spark``; None for anything else."""
+    role = names.role_of(child_id)
+    if role in (names.BATCH_PROCESSOR, names.PRODUCER, names.PROCESSOR, names.BATCHER):
+        return role
     return "spark" if child_id == "spark" else None
 
 

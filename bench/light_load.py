@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from offbroadway.daemon.names import role_of
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -130,8 +131,8 @@ def _ready(sock: str, producers: int, processors: int) -> bool:
     if status is None:
         return False
     demands = [n.get("messages", {}).get("demand", 0) for n in _walk(status["tree"])
-               if n["id"].startswith("producer_")]
-    procs = [n for n in _walk(status["tree"]) if n["id"].startswith("processor_")]
+               if role_of(n["id"]) == "producer"]
+    procs = [n for n in _walk(status["tree"]) if role_of(n["id"]) == "processor"]
     return (len(demands) == producers and all(d >= processors for d in demands)
             and len(procs) == processors and all(p.get("messages") for p in procs))
 
@@ -150,7 +151,7 @@ def _pause_producers(sock: str, producers: int, deadline: float) -> None:
         status = _status(sock)
         if status is not None:
             running = [n for n in _walk(status["tree"])
-                       if n["id"].startswith("producer_") and n["state"] == "running"]
+                       if role_of(n["id"]) == "producer" and n["state"] == "running"]
             if len(running) == producers:
                 _control(sock, "drain")
                 return
@@ -162,7 +163,7 @@ def _processor_counters(sock: str) -> dict[str, int]:
     status = _status(sock) or {"tree": {"id": "", "children": []}}
     total: dict[str, int] = {}
     for n in _walk(status["tree"]):
-        if n["id"].startswith("processor_"):
+        if role_of(n["id"]) == "processor":
             for k in ("asks", "retracts"):
                 total[k] = total.get(k, 0) + n.get("messages", {}).get(k, 0)
     return total

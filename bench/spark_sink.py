@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from offbroadway.daemon.names import batch_processor_id
 
 REPO = Path(__file__).resolve().parent.parent
 PAYLOAD = ("abcdefghijklmnopqrstuvwxyz0123456789" * 3)[:100]
@@ -305,7 +306,7 @@ def main() -> int:
             out = root / f"sink-{n}w"
             start_at = time.time() + 8.0 + WARMUP_SECONDS   # after imports and warm-ups
             env = {**_env(), **bp_env}
-            procs = [_run_worker(["sink", str(out), f"batch_processor_spark_{i}",
+            procs = [_run_worker(["sink", str(out), batch_processor_id("spark", i),
                                   str(start_at), "--sizes", *map(str, a.sizes)], env)
                      for i in range(n)]
             results = [_collect(p) for p in procs]

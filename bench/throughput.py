@@ -59,6 +59,7 @@ from benchlib import (
     start_daemon,
     statuses,
 )
+from offbroadway.daemon.names import role_of
 
 REPO = Path(__file__).resolve().parent.parent
 ROLES = ("producer", "processor", "batcher", "batch_processor")
@@ -229,8 +230,8 @@ concurrency = 2
         if role != "daemon":
             sys_us += (system - sys0) / n * 1e6
     sent = sum(f[0] for f in frames.values())
-    produced = sum(f[1] for sid, f in frames.items() if sid.startswith("producer_"))
-    proc = [f for sid, f in frames.items() if sid.startswith("processor_")]
+    produced = sum(f[1] for sid, f in frames.items() if role_of(sid) == "producer")
+    proc = [f for sid, f in frames.items() if role_of(sid) == "processor"]
     proc_frames = sum(f[3] for f in proc)
     return {"rate": n / (last[0] - first[0]), "messages": last[1],
             "peak_pss_bytes": peak,

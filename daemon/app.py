@@ -206,7 +206,7 @@ class Daemon:
                             for sid in self.topology.stages])
             else:                     # batchers.<key>.batch_size / batch_timeout
                 batchers.add(key.split(".")[1])
-        self.send([reactions_mod.Send(f"batcher_{key}", commands.Batching(
+        self.send([reactions_mod.Send(topo_mod.batcher_id(key), commands.Batching(
             new.batchers[key].batch_size, new.batchers[key].batch_timeout))
             for key in sorted(batchers)])
         if resizes:
@@ -573,9 +573,10 @@ class Daemon:
         if spark is not None:
             stages = board.totals.stages()
             for key in self.config.batchers:
-                prefix = f"batch_processor_{key}_"
-                bps = [s for s in stages if s.startswith(prefix) and s[len(prefix):].isdigit()]
-                committer = [f"committer_{key}"]
+                # every batch processor that ever reported, those a resize removed too
+                bps = [s for s in stages if topo_mod.role_of(s) == topo_mod.BATCH_PROCESSOR
+                       and topo_mod.key_of(s) == key]
+                committer = [topo_mod.committer_id(key)]
                 written.append(outcome_mod.Written(
                     key, board.sum(committer, "out"), board.sum(bps, "out"),
                     board.sum(committer, "already_written")))

@@ -13,6 +13,7 @@ from offbroadway.stages.logs import configure as configure_logging
 from offbroadway.stages.logs import prefix
 
 from . import control
+from .names import PRODUCER, role_of
 
 if TYPE_CHECKING:
     from .config import Config
@@ -260,7 +261,7 @@ def _stop_progress(status: dict) -> str:
     while stack:
         node = stack.pop()
         msgs = node.get("messages") or {}
-        if node["id"].startswith("producer_") and isinstance(msgs.get("inflight"), int):
+        if role_of(node["id"]) == PRODUCER and isinstance(msgs.get("inflight"), int):
             inflight += msgs["inflight"]
         stack.extend(node.get("children", []))
     what = "draining" if status.get("draining") else "stopping"

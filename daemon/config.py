@@ -18,6 +18,7 @@ from typing import Any
 
 from offbroadway.stages.spec import PROCESSOR_KEY
 
+from . import names
 from .config_table import ConfigError, parse_size  # noqa: F401  (re-exported for callers of config)
 from .config_table import Table as _Table
 from .config_table import non_negative as _non_negative
@@ -504,9 +505,9 @@ def socket_paths(config: Config) -> dict[str, str]:
            os.path.join(rdir, f"{HUB}.sock"): "runtime.dir"}
     owner = {}
     for key in config.batchers:
-        owner[f"batcher_{key}"] = f"batchers.{key}"
-        for i in range(config.batchers[key].concurrency):
-            owner[f"batch_processor_{key}_{i}"] = f"batchers.{key}"
+        owner[names.batcher_id(key)] = f"batchers.{key}"
+        for bp in names.batch_processor_ids(key, config.batchers[key].concurrency):
+            owner[bp] = f"batchers.{key}"
     for sid in topo.stages:
         out[os.path.join(rdir, f"{sid}.sock")] = owner.get(sid, "runtime.dir")
     return out

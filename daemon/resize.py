@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 from .config import PROCESSOR_KEY, Config, ConfigError, check_socket_paths
 from .reactions import Tree
-from .topology import Topology
+from .topology import Topology, index_of
 
 USAGE = "offbroadway scale processors N | offbroadway scale batch_processors KEY N"
 #: what a resize request can name
@@ -200,9 +200,9 @@ def plan(old: Topology, new: Topology) -> list[Step]:
              + [s for s in new.batch_processors if s not in old.batch_processors])
     # the highest indexes leave first: the ids that stay are 0 .. N-1
     leaving = (sorted((s for s in old.processors if s not in new.processors),
-                      key=_index, reverse=True)
+                      key=index_of, reverse=True)
                + sorted((s for s in old.batch_processors if s not in new.batch_processors),
-                        key=_index, reverse=True))
+                        key=index_of, reverse=True))
     if not added and not leaving:
         return []
     windows = []
@@ -235,8 +235,3 @@ def shape(topology: Topology) -> str:
         per = ", ".join(f"{k} {len(ids)}" for k, ids in topology.by_batcher.items())
         text += f"; batch processors: {per}"
     return text
-
-
-def _index(stage: str) -> int:
-    tail = stage.rsplit("_", 1)[-1]
-    return int(tail) if tail.isdigit() else -1

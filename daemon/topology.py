@@ -36,6 +36,28 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from offbroadway.daemon.config import BatcherConfig, Config, batch_demand
+from offbroadway.daemon.names import (  # noqa: F401  (re-exported: the topology owns the names)
+    BATCH_PROCESSOR,
+    BATCHER,
+    COMMITTER,
+    PROCESSOR,
+    PRODUCER,
+    ROLES,
+    StageName,
+    batch_processor_id,
+    batch_processor_ids,
+    batcher_id,
+    committer_id,
+    index_of,
+    key_of,
+    parse,
+    processor_id,
+    processor_ids,
+    producer_id,
+    producer_ids,
+    role_of,
+    stage_id,
+)
 from offbroadway.stages.sources import sized_options, window_max, window_option
 from offbroadway.stages.spec import PROCESSOR_KEY, STAGE_ENV, StageSpec
 from offbroadway.supervision.child import GUARD_SIGNAL
@@ -75,14 +97,14 @@ class Topology:
     #: the sources' ``"auto"`` window and the Spark group size it allows
     window: Window | None = None
 
-    def consumers(self, stage_id: str) -> list[str]:
-        """The stages that subscribe to ``stage_id``, in start order."""
-        return [s for s, spec in self.specs.items() if stage_id in spec.upstream]
+    def consumers(self, sid: str) -> list[str]:
+        """The stages that subscribe to stage ``sid``, in start order."""
+        return [s for s, spec in self.specs.items() if sid in spec.upstream]
 
-    def is_downstream(self, stage_id: str) -> bool:
-        """Whether ``stage_id`` consumes from another stage: its death loses messages in
+    def is_downstream(self, sid: str) -> bool:
+        """Whether stage ``sid`` consumes from another stage: its death loses messages in
         flight (a producer's own come back from its source)."""
-        spec = self.specs.get(stage_id)
+        spec = self.specs.get(sid)
         return spec is not None and bool(spec.upstream)
 
     @property
@@ -249,11 +271,11 @@ def build(config: Config, *, stage_env: Callable[[str], dict[str, str]] | None =
         source_options = sized_options(config.producer.source, source_options,
                                        topo.window.prefetch)
     n_producers = config.producer.concurrency
-    topo.producers = [f"producer_{i}" for i in range(n_producers)]
-    topo.processors = [f"processor_{PROCESSOR_KEY}_{i}" for i in range(proc.concurrency)]
+    topo.producers = producer_ids(n_producers)
+    topo.processors = processor_ids(PROCESSOR_KEY, proc.concurrency)
 
     producers = [
-        worker(StageSpec(id=pid, role="producer", index=i, source=config.producer.source,
+        worker(StageSpec(id=pid, role=PRODUCER, index=i, source=config.producer.source,
                          source_options=source_options,
                          producer_count=n_producers, state_dir=rt.state_dir,
                          dispatcher=config.producer.dispatcher,
@@ -262,7 +284,7 @@ def build(config: Config, *, stage_env: Callable[[str], dict[str, str]] | None =
                          max_crashes=proc.max_crashes, **base))
         for i, pid in enumerate(topo.producers)]
     processors = [
-        worker(StageSpec(id=cid, role="processor", index=i, upstream=tuple(topo.producers),
+        worker(StageSpec(id=cid, role=PROCESSOR, index=i, upstream=tuple(topo.producers),
                          producers=tuple(topo.producers), max_demand=proc.max_demand,
                          min_demand=proc.min_demand, batchers=batcher_keys,
                          partition_by=proc.partition_by,
@@ -272,33 +294,33 @@ def build(config: Config, *, stage_env: Callable[[str], dict[str, str]] | None =
 
     batcher_sups = []
     for key, b in config.batchers.items():
-        bid = f"batcher_{key}"
+        bid = batcher_id(key)
         topo.batchers.append(bid)
-        bp_ids = [f"batch_processor_{key}_{i}" for i in range(b.concurrency)]
+        bp_ids = batch_processor_ids(key, b.concurrency)
         topo.batch_processors.extend(bp_ids)
         topo.by_batcher[key] = bp_ids
         committer = None
         bp_spark = None
         cid = ""
         if spark_settings is not None:
-            cid = f"committer_{key}"
+            cid = committer_id(key)
             topo.committers.append(cid)
             bp_spark = {"partition_by": list(spark_settings.get("partition_by") or [])}
             # waits for its running job at shutdown (bounded by write_timeout)
-            committer = worker(StageSpec(id=cid, role="committer", batcher=key,
+            committer = worker(StageSpec(id=cid, role=COMMITTER, batcher=key,
                                          spark=spark_settings, **base),
                                heartbeat=b.heartbeat_timeout, env_fn=committer_env,
                                shutdown=max(10.0, p.shutdown_timeout))
         bp_demand = batch_processor_demand(
             b, spark_settings["commit_rows"] if spark_settings is not None else None)
         batcher = worker(StageSpec(
-            id=bid, role="batcher", upstream=tuple(topo.processors), batcher=key,
+            id=bid, role=BATCHER, upstream=tuple(topo.processors), batcher=key,
             batch_size=b.batch_size, batch_bytes=b.batch_bytes, batch_timeout=b.batch_timeout,
             max_demand=b.upstream_demand, min_demand=b.upstream_demand // 2,
             consumer_count=b.concurrency, partition_by=b.partition_by, **base),
             heartbeat=b.heartbeat_timeout, memory=b.memory_limit)
         bps = [worker(StageSpec(
-            id=bp, role="batch_processor", index=i, upstream=(bid,),
+            id=bp, role=BATCH_PROCESSOR, index=i, upstream=(bid,),
             producers=tuple(topo.producers), batcher=key, max_demand=bp_demand,
             min_demand=bp_demand // 2, partition_by=b.partition_by,
             spark=bp_spark, committer=cid, **base),

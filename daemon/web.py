@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Iterator
 from importlib import resources
 from typing import TYPE_CHECKING
 
+from .names import committer_id
 from .status import nodes
 from .timeline import Timeline
 
@@ -86,7 +87,7 @@ def page_state(daemon: Daemon, timeline: Timeline) -> dict:
             edges.append({"from": up, "to": sid, "count": handled, "demand": demand,
                           "unit": "batches" if sid in topo.batch_processors else "messages"})
     for key, bps in topo.by_batcher.items():
-        committer = f"committer_{key}"
+        committer = committer_id(key)
         if committer in topo.committers:
             edges += [{"from": bp, "to": committer, "count": msgs(bp).get("out"),
                        "demand": None, "unit": "messages"} for bp in bps]
