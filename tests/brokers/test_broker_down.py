@@ -161,6 +161,8 @@ def test_rabbitmq_down_at_start_and_mid_run(short_tmp: Path, rabbit) -> None:
         proxy.down()
 
 
+# RabbitMQ's runs by default: long: not in the default run (pytest -m slow)
+@pytest.mark.slow
 def test_redis_down_at_start_and_mid_run(short_tmp: Path, rq) -> None:
     stream = unique("s")
     rq.test_streams.append(stream)

@@ -13,7 +13,6 @@ published id exactly once (counted by ``message_id``) and the broker nothing una
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 from collections import Counter
@@ -29,8 +28,10 @@ from tests.spark.test_pipeline_spark import (
     TOKEN_ENV,
     committing,
     daemon_env,
+    kill_the_process_group,
     rows,
     run,
+    sigkill_a_stage,
     spark_section,
 )
 
@@ -115,17 +116,7 @@ def kill_a_stage(tmp: Path, server, pipeline: tuple[Path, set[str], Callable],
                  stage: str) -> None:
     config, ids, left = pipeline
     daemon, log = start(config, tmp, server)
-    try:
-        pids = in_a_commit(tmp)
-        os.kill(pids[stage], signal.SIGKILL)
-        code = daemon.wait(300)
-    finally:
-        if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait()
-    err = log.read_text()
-    assert code == 0, err[-3000:]
-    assert f"{stage} (pid {pids[stage]})" in err and "killed by SIGKILL" in err, err[-3000:]
+    err = sigkill_a_stage(daemon, log, lambda: in_a_commit(tmp), stage)
     assert_each_id_once(tmp, ids, err)
     assert left() == 0, "messages left unacked at the broker"
 
@@ -135,14 +126,7 @@ def kill_the_group_then_rerun(tmp: Path, server, pipeline: tuple[Path, set[str],
     config, ids, left = pipeline
     daemon, log = start(config, tmp, server, group=True)
     try:
-        stages = list(in_a_commit(tmp).values())
-        os.killpg(daemon.pid, signal.SIGKILL)
-        for pid in stages:   # stages in groups of their own die with the daemon; be sure
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        daemon.wait(60)
+        kill_the_process_group(daemon, in_a_commit(tmp).values())
     finally:
         if daemon.poll() is None:
             daemon.kill()

@@ -150,6 +150,8 @@ def test_scale_up_and_down_midstream_spool_exact_books(short_tmp: Path) -> None:
     assert producer["messages"]["requeued"] == 0
 
 
+# long: not in the default run (pytest -m slow)
+@pytest.mark.slow
 def test_bad_scale_input_is_one_line_and_changes_nothing(short_tmp: Path) -> None:
     write_spool(short_tmp / "spool", 100, files=1, extra={"route": "default"})
     port = free_port()
@@ -187,6 +189,8 @@ def test_bad_scale_input_is_one_line_and_changes_nothing(short_tmp: Path) -> Non
     assert "Traceback" not in err
 
 
+# long: not in the default run (pytest -m slow)
+@pytest.mark.slow
 def test_reload_resizes_through_the_same_path(short_tmp: Path) -> None:
     """A reload that changes concurrencies resizes (and batch_size with it); one that
     would resize a partitioned stage is refused naming the key, nothing changed."""

@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 from collections import Counter
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pyarrow as pa
@@ -225,6 +226,8 @@ def start_against_dead_spark(tmp: Path, lines: int, write_retry_seconds: float
     return daemon, log, env
 
 
+# long: not in the default run (pytest -m slow)
+@pytest.mark.slow
 def test_spark_down_retries_and_acks_nothing(short_tmp: Path) -> None:
     out = short_tmp / "dataset"
     daemon, log, _env = start_against_dead_spark(short_tmp, 200, write_retry_seconds=30.0)
@@ -249,6 +252,8 @@ def test_spark_down_retries_and_acks_nothing(short_tmp: Path) -> None:
     assert not (short_tmp / "state" / "spool" / "dead-letter.jsonl").exists()
 
 
+# long: not in the default run (pytest -m slow)
+@pytest.mark.slow
 def test_a_batch_processor_stopped_while_spark_is_down_exits_at_once(short_tmp: Path) -> None:
     """Regression (bench/chaos.py): a batch processor told to stop (here an operator
     restart; in the chaos run the rest_for_one restart after a Spark server crash) while
@@ -312,6 +317,39 @@ def committing_now(sock: Path, *, draining: bool) -> dict:
     busy = [c for c in ("committer_even", "committer_odd")
             if stats.get(c, {}).get("committing", 0) > 0 and stats[c].get("commits", 0) > 0]
     return st if busy else {}
+
+
+def sigkill_a_stage(daemon: subprocess.Popen, log: Path,
+                    find_pids: Callable[[], dict[str, int]], stage: str) -> str:
+    """SIGKILL ``stage`` once ``find_pids()`` (which waits for the moment) names it, and
+    wait for ``daemon`` (an ``--until-idle`` run) to end: it must end 0, having said that
+    the stage was killed and restarted it.  Returns the daemon's log; the daemon never
+    outlives this call."""
+    try:
+        pids = find_pids()
+        os.kill(pids[stage], signal.SIGKILL)
+        code = daemon.wait(300)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+    err = log.read_text()
+    assert code == 0, err[-3000:]
+    assert f"{stage} (pid {pids[stage]})" in err and "killed by SIGKILL" in err, err[-3000:]
+    return err
+
+
+def kill_the_process_group(daemon: subprocess.Popen, stages: Iterable[int]) -> None:
+    """SIGKILL the daemon's whole process group (a ``start_new_session`` daemon) and each
+    of its ``stages`` (they run in process groups of their own and die with the daemon:
+    made sure of here), and reap the daemon."""
+    os.killpg(daemon.pid, signal.SIGKILL)
+    for pid in stages:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    daemon.wait(60)
 
 
 def kill_the_jvm_in_a_commit(config: Path, tmp: Path, n: int, *, draining: bool) -> str:
@@ -401,19 +439,13 @@ def kill_a_stage_in_a_commit(tmp: Path, server, stage: str) -> None:
         commit_interval=0.5))
     sock = tmp / "run" / "control.sock"
     daemon, log = start_logged(config, tmp, daemon_env(server))
-    try:
+
+    def in_a_commit() -> dict[str, int]:
         wait_until(lambda: committing(sock, "committer_default"), timeout=120, interval=0.1,
                    message="the committer in a Spark job")
-        pids = stage_pids(sock)
-        os.kill(pids[stage], signal.SIGKILL)
-        code = daemon.wait(300)
-    finally:
-        if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait()
-    err = log.read_text()
-    assert code == 0, err[-3000:]
-    assert f"{stage} (pid {pids[stage]})" in err and "killed by SIGKILL" in err
+        return stage_pids(sock)
+
+    err = sigkill_a_stage(daemon, log, in_a_commit, stage)
     try:
         assert_each_message_exactly_once(rows(out, "default"), n)
     except AssertionError as exc:
@@ -464,14 +496,7 @@ def test_sigkill_of_the_whole_process_group_then_a_rerun_writes_each_line_once(
     try:
         wait_until(lambda: committing(sock, "committer_default"), timeout=120, interval=0.1,
                    message="the committer in a Spark job")
-        stages = list(stage_pids(sock).values())
-        os.killpg(daemon.pid, signal.SIGKILL)
-        for pid in stages:   # stages in groups of their own die with the daemon; be sure
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        daemon.wait(60)
+        kill_the_process_group(daemon, stage_pids(sock).values())
     finally:
         if daemon.poll() is None:
             daemon.kill()
