@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from offbroadway.daemon.outcome import EXIT_FAILED
 
 from tests.brokers.conftest import AMQP_URL, REDIS_URL, unique
 from tests.brokers.daemons import failed as failed_in
@@ -67,7 +68,7 @@ def test_rabbitmq_decode_json(short_tmp: Path, rabbit) -> None:
                                   # would requeue them (the bad body is rejected anyway)
                                   "on_failure": "reject"})
     proc = run(config)
-    assert proc.returncode == 3, proc.stderr[-3000:]   # 3: finished, some failed
+    assert proc.returncode == EXIT_FAILED, proc.stderr[-3000:]   # finished, some failed
     check(short_tmp, ids, not_json_reason(BAD, "body"))
     assert rabbit.ready(queue) == 0
     dead = []
@@ -87,7 +88,7 @@ def test_nats_decode_json(short_tmp: Path, jet: Any) -> None:
                                   "max_deliver": 1,
                                   "dead_letter_subject": f"{stream}-dead.failed"})
     proc = run(config)
-    assert proc.returncode == 3, proc.stderr[-3000:]   # 3: finished, some failed
+    assert proc.returncode == EXIT_FAILED, proc.stderr[-3000:]   # finished, some failed
     check(short_tmp, ids, not_json_reason(BAD, "body"))
     dead = {m.headers["Nats-Msg-Id"]: m.data for m in jet.messages(f"{stream}-dead")}
     assert dead[ids[N]] == BAD and len(dead) == N // 50 + 1
@@ -104,7 +105,7 @@ def test_redis_decode_json_field(short_tmp: Path, rq: Any) -> None:
     config = make_config(short_tmp, source="redis", batchers=BATCHERS,
                          options={"url": REDIS_URL, "stream": stream, "decode": "json"})
     proc = run(config)
-    assert proc.returncode == 3, proc.stderr[-3000:]   # 3: finished, some failed
+    assert proc.returncode == EXIT_FAILED, proc.stderr[-3000:]   # finished, some failed
     missing = ids.pop()
     assert reasons(short_tmp)[missing] == \
         "entry has no field 'data' to decode (decode = \"json\")"

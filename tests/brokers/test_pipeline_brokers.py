@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from offbroadway.daemon.outcome import EXIT_FAILED
 
 from tests.brokers.conftest import AMQP_URL, REDIS_URL, unique
 from tests.brokers.daemons import configs_for, run, side_by_side
@@ -35,7 +36,7 @@ def test_rabbitmq_pipeline_acks_everything_and_dead_letters_exactly_the_failed(
                                                "on_failure": "reject"},
                          batchers={"default": {"batch_size": 200, "batch_timeout": 0.2}})
     proc = run(config)
-    assert proc.returncode == 3, proc.stderr[-3000:]   # 3: finished, some failed
+    assert proc.returncode == EXIT_FAILED, proc.stderr[-3000:]   # finished, some failed
     handled, failed = handled_in(short_tmp), failed_in(short_tmp)
     expected_failed = {f"m{i}" for i in range(N) if i % 100 == 7}
     assert failed == expected_failed
@@ -65,7 +66,7 @@ def test_redis_pipeline_acks_everything_and_dead_letters_exactly_the_failed(
                          batchers={"default": {"batch_size": 200, "batch_timeout": 0.2}})
     try:
         proc = run(config)
-        assert proc.returncode == 3, proc.stderr[-3000:]   # 3: finished, some failed
+        assert proc.returncode == EXIT_FAILED, proc.stderr[-3000:]   # finished, some failed
         handled, failed = handled_in(short_tmp), failed_in(short_tmp)
         expected_failed = {e for seq, e in enumerate(ids) if seq % 100 == 7}
         assert failed == expected_failed

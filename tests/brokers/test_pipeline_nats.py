@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from offbroadway.daemon.outcome import EXIT_FAILED
 
 from tests.brokers.daemons import configs_for, handled, reap, run, side_by_side, start
 from tests.brokers.daemons import failed as failed_in
@@ -36,7 +37,7 @@ def test_nats_pipeline_acks_everything_and_dead_letters_exactly_the_failed(
                                   "dead_letter_subject": f"{stream}-dead.failed"},
                          batchers={"default": {"batch_size": 200, "batch_timeout": 0.2}})
     proc = run(config)
-    assert proc.returncode == 3, proc.stderr[-3000:]   # 3: finished, some failed
+    assert proc.returncode == EXIT_FAILED, proc.stderr[-3000:]   # finished, some failed
     done = handled(short_tmp)
     failed = failed_in(short_tmp)
     expected_failed = {f"m{i}" for i in range(N) if i % 100 == 7}

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pika
 import pytest
+from offbroadway.daemon.outcome import EXIT_FAILED
 
 from tests.brokers.conftest import AMQP_URL
 from tests.conftest import REPO, offbroadway_cmd, test_env
@@ -37,7 +38,7 @@ def test_a_poison_message_lands_in_the_dead_letter_queue(short_tmp: Path, rabbit
         "[processors.default]\n", f"[processors.default]\nmax_crashes = {MAX_CRASHES}\n"))
     proc = subprocess.run(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
                           env=test_env(), capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 3, proc.stderr[-3000:]   # 3: finished, some failed
+    assert proc.returncode == EXIT_FAILED, proc.stderr[-3000:]   # finished, some failed
     out = str(short_tmp / "out")
     counts = Counter(r["id"] for r in read_records(out, "handled-"))
     assert set(counts) == set(ids) - {"the-poison"}

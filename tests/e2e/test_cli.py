@@ -15,6 +15,8 @@ import threading
 import time
 from pathlib import Path
 
+from offbroadway.daemon.outcome import EXIT_FAILED
+
 from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
 from tests.e2e.test_pipeline import make_config, write_spool
 
@@ -246,7 +248,7 @@ def test_the_summary_says_where_failed_messages_went(short_tmp: Path) -> None:
                                               "odd": {"batch_size": 10, "batch_timeout": 0.2}})
     proc = subprocess.run(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
                           env=test_env(), capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 3, proc.stderr[-3000:]   # 3: finished, some failed
+    assert proc.returncode == EXIT_FAILED, proc.stderr[-3000:]   # finished, some failed
     dead = short_tmp / "state" / "spool" / "dead-letter.jsonl"
     assert f"18 messages acked, 2 failed (failed messages: {dead})" in proc.stdout, proc.stdout
     assert len(dead.read_text().splitlines()) == 2

@@ -21,6 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from offbroadway.daemon.outcome import EXIT_FAILED
 from offbroadway.testing import test_messages
 
 from tests.conftest import REPO, offbroadway_cmd, start_daemon, test_env, wait_until
@@ -57,7 +58,7 @@ def test_prepare_messages_dropping_a_message_fails_its_group_in_the_daemon(short
     config = make_config(short_tmp, handler=HANDLER, batchers={
         "default": {"batch_size": 10, "batch_timeout": 0.1}})
     proc = run_until_idle(config)
-    assert proc.returncode == 3, proc.stderr[-3000:]   # 3: finished, some failed
+    assert proc.returncode == EXIT_FAILED, proc.stderr[-3000:]   # finished, some failed
     out = str(short_tmp / "out")
     failed = read_records(out, "failed-")
     handled = read_records(out, "batch-")
@@ -98,7 +99,7 @@ def test_sys_exit_in_a_callback_fails_only_its_messages(short_tmp: Path, callbac
     config = make_config(short_tmp, handler=HANDLER, batchers={
         "default": {"batch_size": 10, "batch_timeout": 0.1}})
     proc = run_until_idle(config)
-    assert proc.returncode == 3, proc.stderr[-3000:]   # 3: finished, some failed
+    assert proc.returncode == EXIT_FAILED, proc.stderr[-3000:]   # finished, some failed
     # no stage died: no restart, no crash loop, no poison strike
     assert _restarts(proc.stderr) == [], _restarts(proc.stderr)
     out = str(short_tmp / "out")

@@ -16,6 +16,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from offbroadway.daemon.outcome import EXIT_FAILED
+
 from tests.e2e.handlers import read_records
 from tests.e2e.test_pipeline import make_config, run_until_idle
 
@@ -55,7 +57,7 @@ def test_message_timeout_fails_that_message_alone(short_tmp: Path) -> None:
     started = time.monotonic()
     proc = run_until_idle(config_with(short_tmp, "message_timeout = 1.5"), timeout=120)
     took = time.monotonic() - started
-    assert proc.returncode == 3, (proc.returncode, proc.stderr[-3000:])   # one failed
+    assert proc.returncode == EXIT_FAILED, (proc.returncode, proc.stderr[-3000:])   # one failed
     out = str(short_tmp / "out")
     failed = {r["id"]: r["reason"] for r in read_records(out, "failed-")}
     assert list(failed) == [f"a.jsonl:{SLOW_AT + 1}"], failed
@@ -75,7 +77,7 @@ def test_a_process_that_cannot_run_is_still_killed(short_tmp: Path) -> None:
                           timeout=180)
     assert "silent for" in proc.stderr and "heartbeat_timeout 2s" in proc.stderr, \
         proc.stderr[-3000:]
-    assert proc.returncode == 3, (proc.returncode, proc.stderr[-3000:])
+    assert proc.returncode == EXIT_FAILED, (proc.returncode, proc.stderr[-3000:])
     out = str(short_tmp / "out")
     failed = {r["id"]: r["reason"] for r in read_records(out, "failed-")}
     assert list(failed) == [f"a.jsonl:{SLOW_AT + 1}"] and "poison" in failed[

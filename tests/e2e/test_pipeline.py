@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from offbroadway.daemon.outcome import EXIT_FAILED
 
 from tests.conftest import REPO, offbroadway_cmd, start_daemon, test_env, wait_until
 from tests.e2e.daemon_status import tree_nodes
@@ -145,7 +146,7 @@ def test_bad_json_and_raising_handler_reach_handle_failed(short_tmp: Path) -> No
     (spool / "a.jsonl").write_text("\n".join(lines) + "\n")
     config = make_config(short_tmp, batchers={"default": {"batch_size": 10, "batch_timeout": 0.2}})
     proc = run_until_idle(config)
-    assert proc.returncode == 3, proc.stderr[-3000:]   # 3: finished, some failed
+    assert proc.returncode == EXIT_FAILED, proc.stderr[-3000:]   # finished, some failed
     failed = read_records(str(short_tmp / "out"), "failed-")
     reasons = {r["id"]: r["reason"] for r in failed}
     assert len(reasons) == 3, reasons

@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 from offbroadway.daemon.deadletters import ReplayRecord
+from offbroadway.daemon.outcome import EXIT_FAILED
 from offbroadway.stages.sources.deadletters import DeadLetter
 from offbroadway.stages.sources.spool.replay import SpoolDeadLetters
 
@@ -47,7 +48,7 @@ def test_failures_are_listed_replayed_once_and_written_once(short_tmp: Path) -> 
                          batchers={"default": {"batch_size": 20, "batch_timeout": 0.2}})
     out = short_tmp / "out"
     first = run_until_idle(config)
-    assert first.returncode == 3, first.stderr[-3000:]   # 3: finished, some failed
+    assert first.returncode == EXIT_FAILED, first.stderr[-3000:]   # finished, some failed
     assert Counter(written(str(out))) == Counter(set(range(N)) - NO_SKU)
 
     listed = dead_letters(config)

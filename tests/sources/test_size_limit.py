@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from offbroadway.daemon.outcome import EXIT_FAILED
 from offbroadway.stages.sources import SourceOptionError, get_source
 from offbroadway.stages.sources.base import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -142,7 +143,7 @@ def test_daemon_spool_oversized_line_fails_and_the_rest_flows(short_tmp: Path) -
     config = make_config(short_tmp, options={"path": str(spool), "max_message_bytes": MiB},
                          batchers={"default": {"batch_size": 10, "batch_timeout": 0.2}})
     proc = run_until_idle(config)
-    assert proc.returncode == 3, proc.stderr[-3000:]   # 3: finished, some failed
+    assert proc.returncode == EXIT_FAILED, proc.stderr[-3000:]   # finished, some failed
     out = str(short_tmp / "out")
     handled = Counter(r["id"] for r in read_records(out, "batch-"))
     failed = {r["id"]: r["reason"] for r in read_records(out, "failed-")}
@@ -189,7 +190,7 @@ def test_daemon_rabbitmq_oversized_message_is_dead_lettered_whole(short_tmp: Pat
                          source="rabbitmq", options={"url": AMQP_URL, "queue": queue},
                          batchers={"default": {"batch_size": 5, "batch_timeout": 0.2}})
     proc = run_until_idle(config)
-    assert proc.returncode == 3, proc.stderr[-3000:]   # 3: finished, some failed
+    assert proc.returncode == EXIT_FAILED, proc.stderr[-3000:]   # finished, some failed
     out = str(short_tmp / "out")
     handled = Counter(r["id"] for r in read_records(out, "batch-"))
     failed = {r["id"]: r["reason"] for r in read_records(out, "failed-")}

@@ -21,6 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from offbroadway.daemon.outcome import EXIT_FAILED
 
 from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
 from tests.e2e.handlers import read_records
@@ -156,7 +157,7 @@ def test_a_row_that_breaks_the_schema_fails_only_its_message(short_tmp: Path,
         out, remote=spark_server.remote, token_env=TOKEN_ENV,
         schema="seq BIGINT, route STRING"))
     proc = run(config, daemon_env(spark_server))
-    assert proc.returncode == 3, proc.stderr[-3000:]   # 3: finished, one message failed
+    assert proc.returncode == EXIT_FAILED, proc.stderr[-3000:]   # finished, one message failed
     assert sorted(r["seq"] for r in rows(out, "default")) == [i for i in range(20) if i != 7]
     failed = read_records(str(short_tmp / "out"), "failed-")
     assert [f["id"] for f in failed] == ["a.jsonl:8"], failed
