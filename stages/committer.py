@@ -259,11 +259,15 @@ class CommitterStage(Stage):
             return job
         out: list[Handed] = []
         skipped = 0
+        #: rows left out of each batch, by id(batch): a failed batch writes none anyway
+        left_out: dict[int, int] = self._job_out.setdefault("left_out", {})
         for h, table, hit in zip(job, tables, masks):
             if hit is None:
                 out.append(h)
                 continue
-            skipped += pc.sum(hit).as_py() or 0
+            n = pc.sum(hit).as_py() or 0
+            skipped += n
+            left_out[id(h)] = left_out.get(id(h), 0) + n
             kept = table.filter(pc.invert(hit))
             if len(kept):
                 self.staging.write(kept, h.file)
@@ -271,7 +275,6 @@ class CommitterStage(Stage):
         self._job_out["follows"] = {id(job[i]) for i in follows}
         self._job_out["in_job"] = {id(h) for h in out}
         self.counters["already_written"] += skipped
-        self._job_out["skipped"] = self._job_out.get("skipped", 0) + skipped
         log.info("%s: %d row(s) of this group may be in the dataset already (written "
                  "before a restart) or came twice (a stale copy and its redelivery): "
                  "acknowledged, not written again", self.id, skipped)
@@ -475,7 +478,10 @@ class CommitterStage(Stage):
             return
         errors: dict[int, str] = out["errors"]
         schema_ipc = self._schema_ipc()
-        rows = sum(h.rows for h in items if id(h) not in errors) - out.get("skipped", 0)
+        # the rows this job wrote: its batches that did not fail, less the rows left out
+        # of them as already written (a failed job wrote none, whatever was left out)
+        left_out: dict[int, int] = out.get("left_out", {})
+        rows = sum(h.rows - left_out.get(id(h), 0) for h in items if id(h) not in errors)
         if rows:
             self.counters["commits"] += 1
             self.counters["out"] += rows
