@@ -20,13 +20,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
-from tests.e2e.test_pipeline import make_config, write_spool
 from tests.spark.test_pipeline_spark import (
-    TOKEN_ENV,
     committing,
     daemon_env,
+    one_batcher_into_spark,
     rows,
-    spark_section,
     start_logged,
 )
 
@@ -36,13 +34,7 @@ pytestmark = pytest.mark.spark
 def test_rows_written_are_the_rows_committed_and_restart_says_what_it_did(
         short_tmp: Path, spark_server) -> None:
     n = 12_000
-    write_spool(short_tmp / "spool", n, files=3, extra={"route": "default"})
-    out = short_tmp / "dataset"
-    config = make_config(short_tmp, context={"slow": 0.002}, shutdown_timeout=30.0, batchers={
-        "default": {"batch_size": 500, "batch_timeout": 0.5, "concurrency": 2}})
-    config.write_text(config.read_text() + spark_section(
-        out, remote=spark_server.remote, token_env=TOKEN_ENV, commit_rows=3000,
-        commit_interval=0.5))
+    config, out = one_batcher_into_spark(short_tmp, spark_server, n)
     sock = short_tmp / "run" / "control.sock"
     daemon, log = start_logged(config, short_tmp, daemon_env(spark_server))
     try:

@@ -424,13 +424,10 @@ def test_sigkill_of_the_spark_server_during_the_drain_runs_again_and_loses_nothi
     assert "running again until idle" in err, err[-3000:]
 
 
-def kill_a_stage_in_a_commit(tmp: Path, server, stage: str) -> None:
-    """12,000 lines through one batcher of two batch processors into the suite's Spark;
-    SIGKILL ``stage`` while the committer runs a Spark job; the run must end 0 with every
-    line in the dataset exactly once (stages/spark_once.py: the rows of the commits whose
-    answers may not have become acks, and every copy a stale stage or the source's
-    redelivery brings again, in a later group or in the same one, are left out)."""
-    n = 12_000
+def one_batcher_into_spark(tmp: Path, server, n: int) -> tuple[Path, Path]:
+    """``n`` spool lines (2 ms each in the processors) through one batcher of two batch
+    processors into the suite's Spark, 3,000-row commits every half second: a run long
+    enough for a kill to land during a commit.  Returns (config, dataset)."""
     write_spool(tmp / "spool", n, files=3, extra={"route": "default"})
     out = tmp / "dataset"
     config = make_config(tmp, context={"slow": 0.002}, shutdown_timeout=30.0, batchers={
@@ -438,6 +435,17 @@ def kill_a_stage_in_a_commit(tmp: Path, server, stage: str) -> None:
     config.write_text(config.read_text() + spark_section(
         out, remote=server.remote, token_env=TOKEN_ENV, commit_rows=3000,
         commit_interval=0.5))
+    return config, out
+
+
+def kill_a_stage_in_a_commit(tmp: Path, server, stage: str) -> None:
+    """12,000 lines through one batcher of two batch processors into the suite's Spark;
+    SIGKILL ``stage`` while the committer runs a Spark job; the run must end 0 with every
+    line in the dataset exactly once (stages/spark_once.py: the rows of the commits whose
+    answers may not have become acks, and every copy a stale stage or the source's
+    redelivery brings again, in a later group or in the same one, are left out)."""
+    n = 12_000
+    config, out = one_batcher_into_spark(tmp, server, n)
     sock = tmp / "run" / "control.sock"
     daemon, log = start_logged(config, tmp, daemon_env(server))
 
