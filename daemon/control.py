@@ -37,7 +37,7 @@ MAX_REQUEST = 64 * 1024
 MAX_WAITING = 64
 #: at most one line per this many seconds about dropped clients
 DROP_LOG_INTERVAL = 60.0
-#: connections accepted per second at most, and in one burst (see :func:`_accept`)
+#: connections accepted per second at most, and in one burst (see :class:`_Server`)
 ACCEPT_RATE = 100.0
 ACCEPT_BURST = 20
 #: verbs that change nothing, whose answer is shared by requests this close together
@@ -77,15 +77,26 @@ class _Answers:
     def __init__(self) -> None:
         self._kept: dict[str, tuple[float, bytes]] = {}
 
+    def kept(self, request: dict) -> bytes | None:
+        """The answer kept for ``request`` if it is still fresh, else None."""
+        import time
+
+        if request.get("cmd") not in SHARED:
+            return None
+        kept = self._kept.get(json.dumps(request, sort_keys=True))
+        if kept is not None and time.monotonic() - kept[0] < SHARED_FOR:
+            return kept[1]
+        return None
+
     async def answer(self, request: dict, handler: Handler) -> bytes:
         import time
 
         key = json.dumps(request, sort_keys=True) if request.get("cmd") in SHARED else None
         now = time.monotonic()
         if key is not None:
-            kept = self._kept.get(key)
-            if kept is not None and now - kept[0] < SHARED_FOR:
-                return kept[1]
+            kept = self.kept(request)
+            if kept is not None:
+                return kept
         else:
             self._kept.clear()
         try:
@@ -98,7 +109,7 @@ class _Answers:
         return data
 
 
-async def serve(path: str, handler: Handler) -> asyncio.AbstractServer:
+async def serve(path: str, handler: Handler) -> _Server:
     """Serve ``path``; each connection is one request, read within :data:`READ_TIMEOUT`
     and answered within :data:`WRITE_TIMEOUT` (the handler itself may take as long as
     its command does, e.g. ``stop``).  A client that sends nothing, a line that is not a
@@ -111,31 +122,6 @@ async def serve(path: str, handler: Handler) -> asyncio.AbstractServer:
 
     if os.path.exists(path):
         os.unlink(path)
-    drops = _Drops()
-    answers = _Answers()
-    waiting: dict[asyncio.StreamWriter, None] = {}    # insertion order: the oldest first
-
-    async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if len(waiting) >= MAX_WAITING:
-            oldest = next(iter(waiting))
-            del waiting[oldest]
-            drops.drop("evicted while silent")
-            oldest.close()      # its readline sees EOF
-        waiting[writer] = None
-        try:
-            reply = await _answer(reader, handler, drops, answers,
-                                  lambda: waiting.pop(writer, None))
-            if reply:
-                writer.write(reply)
-                await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT)
-        except TimeoutError:
-            drops.drop("not reading their answer")
-        except ConnectionError:
-            pass
-        finally:
-            waiting.pop(writer, None)
-            writer.close()
-
     lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)     # the socket is created 0600: only the service user may steer
     try:
@@ -145,82 +131,210 @@ async def serve(path: str, handler: Handler) -> asyncio.AbstractServer:
     os.chmod(path, 0o600)
     lsock.listen(256)
     lsock.setblocking(False)
-    return _Server(lsock, asyncio.ensure_future(_accept(lsock, on_client)))
+    return _Server(lsock, handler, asyncio.get_running_loop())
 
 
 class _Server:
-    """The control socket's listener: ``close()`` stops accepting (as asyncio's server)."""
+    """The control socket's listener and its connections, driven by the loop's reader
+    and writer callbacks on the raw sockets.
 
-    def __init__(self, lsock: socket.socket, task: asyncio.Future) -> None:
+    Why not asyncio's streams: a connection through them (a transport, a protocol, a
+    stream reader and writer, a task, ``wait_for`` timers) cost the daemon about half a
+    millisecond of CPU however cheap its answer, so 1,000 ``status`` calls a second took
+    half a core from a two-core machine's pipeline (bench/neighbours.py).  Here a call
+    answered from :class:`_Answers` is an accept, a ``recv``, a dictionary lookup, a
+    ``send`` and a close, all in one callback when the line has already arrived.
+
+    Accepting is paced at :data:`ACCEPT_RATE` a second (bursts of :data:`ACCEPT_BURST`):
+    the rest wait in the kernel's queue, and their clients in ``connect``, costing nobody
+    CPU.  ``close()`` stops accepting (as asyncio's server); requests already read are
+    still answered."""
+
+    def __init__(self, lsock: socket.socket, handler: Handler,
+                 loop: asyncio.AbstractEventLoop) -> None:
         self._lsock = lsock
-        self._task = task
+        self._handler = handler
+        self._loop = loop
+        self._drops = _Drops()
+        self._answers = _Answers()
+        #: connections still waiting for their line, the oldest first (dicts keep order)
+        self._waiting: dict[_Conn, None] = {}
+        self._tokens = float(ACCEPT_BURST)
+        self._last = loop.time()
+        self._paused: asyncio.TimerHandle | None = None
+        self._open = True
+        loop.add_reader(lsock.fileno(), self._on_accept)
 
     def close(self) -> None:
-        self._task.cancel()
+        if not self._open:
+            return
+        self._open = False
+        if self._paused is not None:
+            self._paused.cancel()
+        else:
+            self._loop.remove_reader(self._lsock.fileno())
         self._lsock.close()
 
+    # -- accepting -------------------------------------------------------------------
 
-async def _accept(lsock: socket.socket, on_client: Callable[..., Awaitable[None]]) -> None:
-    """Accept at most :data:`ACCEPT_RATE` connections a second (bursts of
-    :data:`ACCEPT_BURST`); the rest wait in the kernel's queue, and their clients in
-    ``connect``, costing nobody CPU.  Each connection costs the daemon about half a
-    millisecond of CPU however cheap its answer (asyncio's transport, the task): 1,000 a
-    second took half a core from a two-core machine's pipeline (bench/neighbours.py)."""
-    import asyncio
+    def _on_accept(self) -> None:
+        now = self._loop.time()
+        self._tokens = min(float(ACCEPT_BURST), self._tokens + (now - self._last) * ACCEPT_RATE)
+        self._last = now
+        while self._tokens >= 1.0:
+            try:
+                sock, _ = self._lsock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:       # EMFILE and the like: try again in a moment
+                log.warning("control socket: cannot accept: %s", exc.strerror or exc)
+                break
+            self._tokens -= 1.0
+            self._admit(sock)
+        # out of tokens (or fds): stop listening until one is due; the kernel queues
+        self._loop.remove_reader(self._lsock.fileno())
+        self._paused = self._loop.call_later(max(1.0 - self._tokens, 0.0) / ACCEPT_RATE,
+                                             self._resume)
 
-    loop = asyncio.get_running_loop()
-    tokens, last = float(ACCEPT_BURST), loop.time()
-    clients: set[asyncio.Future] = set()
-    while True:
-        conn, _ = await loop.sock_accept(lsock)
-        now = loop.time()
-        tokens = min(float(ACCEPT_BURST), tokens + (now - last) * ACCEPT_RATE)
-        last = now
-        if tokens < 1.0:
-            await asyncio.sleep((1.0 - tokens) / ACCEPT_RATE)
-            tokens, last = 1.0, loop.time()
-        tokens -= 1.0
+    def _resume(self) -> None:
+        self._paused = None
+        if self._open:
+            self._loop.add_reader(self._lsock.fileno(), self._on_accept)
+
+    def _admit(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        if len(self._waiting) >= MAX_WAITING:
+            oldest = next(iter(self._waiting))
+            self._drops.drop("evicted while silent")
+            self._finish(oldest)            # closed without an answer: it sees EOF
+        conn = _Conn(sock)
+        self._waiting[conn] = None
+        conn.timer = self._loop.call_later(READ_TIMEOUT, self._on_silent, conn)
+        self._loop.add_reader(sock.fileno(), self._on_read, conn)
+        self._on_read(conn)                 # the line is usually there already
+
+    # -- reading the request ---------------------------------------------------------
+
+    def _on_read(self, conn: _Conn) -> None:
         try:
-            reader, writer = await asyncio.open_unix_connection(sock=conn, limit=MAX_REQUEST)
+            data = conn.sock.recv(MAX_REQUEST + 1)
+        except (BlockingIOError, InterruptedError):
+            return
         except OSError:
-            conn.close()
-            continue
-        task = asyncio.ensure_future(on_client(reader, writer))
-        clients.add(task)
-        task.add_done_callback(clients.discard)
+            self._finish(conn)
+            return
+        conn.buf += data
+        end = conn.buf.find(b"\n")
+        if end < 0 and data and len(conn.buf) <= MAX_REQUEST:
+            return                          # more to come
+        self._stop_reading(conn)
+        if end < 0 and len(conn.buf) > MAX_REQUEST:
+            self._drops.drop("sending garbage")
+            self._reply(conn, _error(f"request longer than {MAX_REQUEST} bytes"))
+            return
+        line = bytes(conn.buf if end < 0 else conn.buf[:end])    # EOF: what came
+        if not line.strip():
+            self._finish(conn)              # connected and closed (a probe)
+            return
+        try:
+            request = json.loads(line)
+            if not isinstance(request, dict):
+                raise ValueError("request is not a JSON object")
+        except ValueError as exc:           # not UTF-8, not JSON, not an object
+            self._drops.drop("sending garbage")
+            self._reply(conn, _error(f"bad request: {exc}"))
+            return
+        kept = self._answers.kept(request)
+        if kept is not None:
+            self._reply(conn, kept)
+            return
+        import asyncio
+
+        task = asyncio.ensure_future(self._answers.answer(request, self._handler))
+        task.add_done_callback(lambda t: self._finish(conn) if t.cancelled()
+                               else self._reply(conn, t.result()))
+
+    def _on_silent(self, conn: _Conn) -> None:
+        self._drops.drop("silent")
+        self._stop_reading(conn)
+        self._reply(conn, _error(f"no request within {READ_TIMEOUT:g}s"))
+
+    def _stop_reading(self, conn: _Conn) -> None:
+        self._waiting.pop(conn, None)
+        if conn.timer is not None:
+            conn.timer.cancel()
+            conn.timer = None
+        if conn.reading:
+            conn.reading = False
+            self._loop.remove_reader(conn.sock.fileno())
+
+    # -- writing the answer ----------------------------------------------------------
+
+    def _reply(self, conn: _Conn, data: bytes) -> None:
+        if conn.sock.fileno() < 0:
+            return                          # closed meanwhile (evicted)
+        conn.out = memoryview(data)
+        self._on_write(conn)
+        if conn.out and conn.sock.fileno() >= 0:
+            self._loop.add_writer(conn.sock.fileno(), self._on_write, conn)
+            conn.timer = self._loop.call_later(WRITE_TIMEOUT, self._on_stuck, conn)
+
+    def _on_write(self, conn: _Conn) -> None:
+        try:
+            sent = conn.sock.send(conn.out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:                     # it went away: nobody to answer
+            self._finish(conn)
+            return
+        conn.out = conn.out[sent:]
+        if not conn.out:
+            self._finish(conn)
+
+    def _on_stuck(self, conn: _Conn) -> None:
+        conn.timer = None
+        self._drops.drop("not reading their answer")
+        self._finish(conn)
+
+    def _finish(self, conn: _Conn) -> None:
+        self._stop_reading(conn)
+        fd = conn.sock.fileno()
+        if fd >= 0:
+            if conn.out:
+                self._loop.remove_writer(fd)
+            _discard_unread(conn.sock)
+            conn.sock.close()
+
+
+class _Conn:
+    """One client's connection: what it sent so far, what is left to send it."""
+
+    __slots__ = ("buf", "out", "reading", "sock", "timer")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = bytearray()
+        self.out: memoryview | bytes = b""
+        self.timer: asyncio.TimerHandle | None = None
+        self.reading = True
+
+
+def _discard_unread(sock: socket.socket, most: int = 4 * MAX_REQUEST) -> None:
+    """Read and drop what the client sent beyond its request: a unix socket closed with
+    unread bytes resets the peer, whose ``recv`` then fails before it reads our error
+    line (a 100 kB request without a newline got "Connection reset by peer")."""
+    try:
+        while most > 0:
+            data = sock.recv(min(most, 65536))
+            if not data:
+                return
+            most -= len(data)
+    except OSError:         # nothing more now (EAGAIN), or it went away
+        pass
 
 
 def _error(text: str) -> bytes:
     return json.dumps({"ok": False, "error": text}).encode() + b"\n"
-
-
-async def _answer(reader: asyncio.StreamReader, handler: Handler, drops: _Drops,
-                  answers: _Answers, got_line: Callable[[], object]) -> bytes:
-    """Read one request line and return the encoded reply (b"" when there is no one to
-    answer); ``got_line`` is called once the line is in (no longer waiting)."""
-    import asyncio
-
-    try:
-        line = await asyncio.wait_for(reader.readline(), READ_TIMEOUT)
-    except TimeoutError:
-        drops.drop("silent")
-        return _error(f"no request within {READ_TIMEOUT:g}s")
-    except ValueError:    # LimitOverrunError: no newline within MAX_REQUEST bytes
-        drops.drop("sending garbage")
-        return _error(f"request longer than {MAX_REQUEST} bytes")
-    except ConnectionError:
-        return b""
-    got_line()
-    if not line.strip():
-        return b""        # connected and closed (a probe), or evicted
-    try:
-        request = json.loads(line)
-        if not isinstance(request, dict):
-            raise ValueError("request is not a JSON object")
-    except ValueError as exc:     # not UTF-8, not JSON, not an object
-        drops.drop("sending garbage")
-        return _error(f"bad request: {exc}")
-    return await answers.answer(request, handler)
 
 
 def request(path: str, payload: dict, timeout: float = 30.0) -> dict[str, Any]:
