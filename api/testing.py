@@ -1,6 +1,6 @@
 """Unit-testing a pipeline's callbacks in-process, as Broadway's ``test_message`` /
 ``test_batch``: no processes, no sockets, the same callback semantics as the stages
-(they call the same functions in :mod:`offbroadway.stages.callbacks`).
+(they call the same functions in :mod:`offbroadway.stages.runtime.callbacks`).
 
     from offbroadway.testing import test_messages
 
@@ -42,7 +42,7 @@ def test_messages(pipeline: Pipeline, data: Iterable[Any], *, context: Any = Non
     """Run messages through ``handle_message`` and, if ``batchers`` (key → batch_size) are
     given, through ``handle_batch`` in batches of that size per batcher and batch key,
     as the drain would flush them.  Failed messages go through ``handle_failed``."""
-    from offbroadway.stages import callbacks
+    from offbroadway.stages.runtime import callbacks
 
     context = {} if context is None else context
     done, failed, discarded = callbacks.process(pipeline, _messages(data, metadata), context,

@@ -1,7 +1,7 @@
 """Cost of the poison blame record on the processor's hot path.
 
-Runs :func:`offbroadway.stages.callbacks.process` on frames of messages with a trivial
-handler, with and without a :class:`~offbroadway.stages.blame.BlameRecorder`, and prints
+Runs :func:`offbroadway.stages.runtime.callbacks.process` on frames of messages with a trivial
+handler, with and without a :class:`~offbroadway.stages.poison.blame.BlameRecorder`, and prints
 the time per message of each and the difference.  Pure CPU, no processes or sockets:
 what the record adds per message, not what the pipeline does around it.
 
@@ -15,7 +15,9 @@ import tempfile
 import time
 
 from offbroadway import Message, Pipeline
-from offbroadway.stages import blame, callbacks, protocol
+from offbroadway.stages.poison import blame
+from offbroadway.stages.runtime import callbacks
+from offbroadway.stages.wire import protocol
 
 
 class Passthrough(Pipeline):

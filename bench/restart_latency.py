@@ -4,7 +4,7 @@
 
 The worker imports what a stage imports before it can say ready (``zmq``, ``msgpack`` and
 ``offbroadway.supervision.child``; ``--worker stage`` also imports the stage runtime
-module ``offbroadway.stages.stage``; ``bare`` imports nothing, the interpreter's floor).
+module ``offbroadway.stages.runtime.stage``; ``bare`` imports nothing, the interpreter's floor).
 Each kill waits for the replacement before the next, so the figures are one restart at a
 time.  Besides kill→ready it splits the time into: exit noticed (kill → ChildExited via
 pidfd), spawn (the fork/exec call in the supervisor, PDEATHSIG included) and the child's
@@ -39,7 +39,7 @@ WORKERS = {
             "import time\nwhile True:\n    time.sleep(1)\n",
     "zmq": "import zmq, msgpack\nfrom offbroadway.supervision import child\n"
            "child.notify_ready()\n" + LOOP,
-    "stage": "import zmq, msgpack\nimport offbroadway.stages.stage\n"
+    "stage": "import zmq, msgpack\nimport offbroadway.stages.runtime.stage\n"
              "from offbroadway.supervision import child\nchild.notify_ready()\n" + LOOP,
 }
 

@@ -73,7 +73,7 @@ def _maxrss_mb() -> float:
 
 def worker_sink(out: str, writer: str, sizes: list[int], start_at: float) -> dict[str, Any]:
     from offbroadway import Message
-    from offbroadway.stages.spark_sink import SparkSink
+    from offbroadway.stages.spark.spark_sink import SparkSink
 
     sink = SparkSink(output=out, writer_id=writer)
     _warm_jit(lambda rows: sink.write("warmup", [Message(f"{writer}-j{r['seq']}-{time.time()}", r)

@@ -25,10 +25,12 @@ from collections.abc import Callable
 
 import msgpack
 from offbroadway import BatchInfo, Message, Pipeline
-from offbroadway.stages import blame, callbacks, protocol
-from offbroadway.stages.inflight import InFlightTable
+from offbroadway.stages.flow.inflight import InFlightTable
+from offbroadway.stages.poison import blame
+from offbroadway.stages.runtime import callbacks
+from offbroadway.stages.runtime.worker import GC_THRESHOLD
 from offbroadway.stages.sources.generator import GeneratorSource
-from offbroadway.stages.worker import GC_THRESHOLD
+from offbroadway.stages.wire import protocol
 
 
 class Noop(Pipeline):

@@ -30,9 +30,11 @@ import stat
 import time
 from typing import Any
 
-from offbroadway.stages import commands, logs, ratelimit
-from offbroadway.stages.ratelimit import SharedRateLimit
-from offbroadway.stages.spec import STAGE_ENV
+from offbroadway.stages.flow import ratelimit
+from offbroadway.stages.flow.ratelimit import SharedRateLimit
+from offbroadway.stages.runtime import logs
+from offbroadway.stages.runtime.spec import STAGE_ENV
+from offbroadway.stages.wire import commands
 from offbroadway.supervision import (
     ChildExited,
     Restarting,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from offbroadway.stages.redact import mask_url
+from offbroadway.stages.runtime.redact import mask_url
 
 from .config import SOURCES, Config, ConfigError
 
@@ -177,7 +177,7 @@ def _check_spool_not_in_its_state(config: Config) -> None:
 
 def check_handler(config: Config) -> None:
     """Import ``pipeline.handler`` the way a stage will, so ``check`` catches a typo."""
-    from offbroadway.stages.handler import resolve
+    from offbroadway.stages.runtime.handler import resolve
 
     ref = config.pipeline.handler
     try:
@@ -188,7 +188,7 @@ def check_handler(config: Config) -> None:
     if not callable(getattr(obj, "handle_message", None)):
         raise ConfigError(f"pipeline.handler: {ref!r} has no handle_message")
     if isinstance(obj, type):
-        # every stage makes one (offbroadway.stages.handler.load_handler): an __init__ that
+        # every stage makes one (offbroadway.stages.runtime.handler.load_handler): an __init__ that
         # raises would crash them all in a restart loop
         try:
             obj()

@@ -9,8 +9,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from offbroadway.stages.logs import configure as configure_logging
-from offbroadway.stages.logs import prefix
+from offbroadway.stages.runtime.logs import configure as configure_logging
+from offbroadway.stages.runtime.logs import prefix
 
 from . import control
 from .names import PRODUCER, role_of
@@ -320,7 +320,7 @@ def cmd_reload(args: argparse.Namespace) -> int:
 
 def cmd_rate_limit(args: argparse.Namespace) -> int:
     """Read the running pipeline's rate limit, or change it (``N/SECONDS`` or ``off``)."""
-    from offbroadway.stages.ratelimit import parse
+    from offbroadway.stages.flow.ratelimit import parse
 
     payload: dict[str, Any] = {"cmd": "rate_limit"}
     if args.limit is not None:

@@ -16,7 +16,7 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from offbroadway.stages.spec import PROCESSOR_KEY
+from offbroadway.stages.runtime.spec import PROCESSOR_KEY
 
 from . import names
 from .config_table import ConfigError, parse_size  # noqa: F401  (re-exported for callers of config)
@@ -37,7 +37,7 @@ SOURCES = ("generator", "spool", "rabbitmq", "redis", "nats")
 DISPATCHERS = ("spread", "demand")
 SPARK_FORMATS = ("parquet", "json", "orc")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-#: Group commit defaults (kept in step with stages/spark_commit.py, which the daemon does
+#: Group commit defaults (kept in step with stages/spark/spark_commit.py, which the daemon does
 #: not import: it pulls in pyarrow).  A Spark job costs ~100-270 ms whatever its size
 #: (bench/spark_sink.py); at 50,000 rows that is a fraction of the job.
 SPARK_COMMIT_ROWS = 50_000
@@ -337,7 +337,7 @@ def _spark(t: _Table) -> SparkConfig:
         conf=_spark_conf(t),
         write_retry_seconds=t.get("write_retry_seconds", float, 60.0, check=_non_negative),
         write_timeout=t.get("write_timeout", float, 600.0, check=_positive),
-        # group commit (stages/spark_commit.py): one Spark job per this many rows, or per
+        # group commit (stages/spark/spark_commit.py): one Spark job per this many rows, or per
         # this many seconds of the oldest waiting batch, whichever comes first
         commit_rows=t.get("commit_rows", int, SPARK_COMMIT_ROWS, check=_positive),
         commit_interval=t.get("commit_interval", float, SPARK_COMMIT_INTERVAL,
@@ -494,7 +494,7 @@ def socket_paths(config: Config) -> dict[str, str]:
     Computed from the topology the daemon builds, so a new stage or a longer name can never
     outgrow a length assumed here.
     """
-    from offbroadway.stages.spec import HUB
+    from offbroadway.stages.runtime.spec import HUB
 
     from .control import CONTROL_SOCKET
     from .topology import build

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from offbroadway.stages.redact import mask_url
+from offbroadway.stages.runtime.redact import mask_url
 
 
 class ConfigError(ValueError):

@@ -1,6 +1,6 @@
 """The daemon's side of the stage control plane: one ROUTER every stage connects to.
 
-Stages report and the daemon commands, in the vocabulary of :mod:`offbroadway.stages.commands`
+Stages report and the daemon commands, in the vocabulary of :mod:`offbroadway.stages.wire.commands`
 (both sides import it).  Frames are the same msgpack protocol as the data plane; a report
 that is not of the vocabulary is counted and dropped like a malformed frame.
 """
@@ -14,8 +14,8 @@ from typing import Callable
 
 import zmq
 import zmq.asyncio
-from offbroadway.stages import commands, protocol
-from offbroadway.stages.spec import HUB, endpoint
+from offbroadway.stages.runtime.spec import HUB, endpoint
+from offbroadway.stages.wire import commands, protocol
 
 log = logging.getLogger("offbroadway.daemon.hub")
 

@@ -1,7 +1,7 @@
 """The one ``/metrics`` endpoint: the stages' multiprocess files plus the daemon's view.
 
 Stages write their counters, gauges and histograms into ``PROMETHEUS_MULTIPROC_DIR``
-(``offbroadway.stages.metrics``); the daemon aggregates them at scrape time and adds what
+(``offbroadway.stages.runtime.metrics``); the daemon aggregates them at scrape time and adds what
 only it knows, computed fresh per scrape from the supervision tree and psutil
 (:func:`.status.usage`, the walk ``status`` uses too): children up, restarts, RSS and CPU
 per child.  The directory is wiped when the daemon starts (files of a previous run would
@@ -26,7 +26,7 @@ import threading
 from typing import Any, Callable, Iterator
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from offbroadway.stages.metrics import MULTIPROC_ENV
+from offbroadway.stages.runtime.metrics import MULTIPROC_ENV
 
 from . import metricsdir, status
 from .spark import SPARK_CHILD_ID

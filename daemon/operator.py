@@ -16,7 +16,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from offbroadway.stages import commands, ratelimit
+from offbroadway.stages.flow import ratelimit
+from offbroadway.stages.wire import commands
 from offbroadway.supervision import SupervisionError
 
 from .reactions import Send

@@ -38,7 +38,7 @@ class Written:
     """One Spark batcher's rows: committed to the dataset, acked by batch processors, and
     of those acked, the rows the committer answered without writing them (``already``:
     their message was in the dataset already, or came twice in one group; see
-    stages/spark_once.py)."""
+    stages/spark/spark_once.py)."""
 
     key: str
     committed: int

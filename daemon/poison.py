@@ -1,20 +1,21 @@
 """Poison messages, the daemon's side: what a dead processor was running, and when the
 producers may run suspects again.
 
-A processor keeps its blame record in a file that outlives it (:mod:`offbroadway.stages.blame`);
-:func:`read_blame` takes it at the processor's exit.  :class:`Quarantine` (pure) turns the
-records of a crash cascade into what the producers' single requeue carries
-(:class:`~offbroadway.stages.commands.CrashBlame`, and whether to quarantine suspects),
+A processor keeps its blame record in a file that outlives it
+(:mod:`offbroadway.stages.poison.blame`); :func:`read_blame` takes it at the processor's
+exit.  :class:`Quarantine` (pure) turns the records of a crash cascade into what the
+producers' single requeue carries
+(:class:`~offbroadway.stages.wire.commands.CrashBlame`, and whether to quarantine suspects),
 and says when the last of the restarting processors is back, so the producers are released.
-The producers' side is :mod:`offbroadway.stages.poison`.
+The producers' side is :mod:`offbroadway.stages.poison.guard`.
 """
 
 from __future__ import annotations
 
 import logging
 
-from offbroadway.stages import blame as blame_mod
-from offbroadway.stages.commands import CrashBlame
+from offbroadway.stages.poison import blame as blame_mod
+from offbroadway.stages.wire.commands import CrashBlame
 from offbroadway.supervision import ChildExited
 
 log = logging.getLogger("offbroadway.daemon")

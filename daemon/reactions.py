@@ -24,7 +24,7 @@ takes what it held with it, so the producers hand everything in flight back to t
   :class:`Restarting` brings the same single requeue, without blame.
 * **Poison blame.**  A processor that died on its own names what it was running (its blame
   record); the requeue carries it to the producer that emitted it
-  (:class:`~offbroadway.stages.commands.CrashBlame`), and ``quarantine`` keeps suspects
+  (:class:`~offbroadway.stages.wire.commands.CrashBlame`), and ``quarantine`` keeps suspects
   back until every processor is up again (``release_suspects``).
 * **A resize is no crash.**  The new topology is taken at once (:meth:`Reactions.adopt`);
   a stage the resize removes drains itself first and says ``left``
@@ -49,9 +49,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from offbroadway.stages import commands
-from offbroadway.stages.blame import Blame
-from offbroadway.stages.spec import StageSpec
+from offbroadway.stages.poison.blame import Blame
+from offbroadway.stages.runtime.spec import StageSpec
+from offbroadway.stages.wire import commands
 from offbroadway.supervision import ChildExited, ChildStarted, Restarting
 from offbroadway.supervision.spec import ChildSpec, SupervisorSpec, WorkerSpec
 from offbroadway.supervision.strategy import affected

@@ -15,7 +15,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from offbroadway.stages import commands
+from offbroadway.stages.wire import commands
 from offbroadway.supervision import SupervisionError, Supervisor
 
 from . import resize as resize_mod

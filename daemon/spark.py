@@ -7,11 +7,11 @@ The daemon calls :func:`plan` once and hands the result to the topology builder:
   so each incarnation gets a fresh random token (and a fresh free port when ``port = 0``).
 * ``committer_env()``: evaluated at every committer start (the committers are the
   only Spark clients); it hands over the *current* incarnation's
-  address and token (:func:`offbroadway.stages.spark_remote.handover`).  The pipeline
+  address and token (:func:`offbroadway.stages.spark.spark_remote.handover`).  The pipeline
   supervisor is ``rest_for_one`` with ``spark`` first, so a restarted server restarts
   every committer, which then reads the new values.
 * ``settings`` (:func:`sink_settings`): the keyword arguments of
-  :class:`offbroadway.stages.spark_sink.SparkSink` (minus ``writer_id``/``on_wait``) plus
+  :class:`offbroadway.stages.spark.spark_sink.SparkSink` (minus ``writer_id``/``on_wait``) plus
   the committer's ``commit_rows`` and ``commit_interval``, JSON-serialisable and
   token-free: it travels in the stage spec, which is visible in ``/proc/<pid>/environ``
   and may end up in logs.
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from offbroadway.stages import spark_remote
+from offbroadway.stages.spark import spark_remote
 from offbroadway.supervision.spec import Restart, WorkerSpec
 
 from .config import SparkConfig
@@ -87,7 +87,7 @@ def catalog_conf(spark: SparkConfig, state_dir: str) -> dict[str, str]:
 
 def staging_root(state_dir: str) -> str:
     """Where batch processors stage their batches for Spark to read: under the daemon's
-    state dir (the same rule as :func:`offbroadway.stages.spark_staging.default_root`,
+    state dir (the same rule as :func:`offbroadway.stages.spark.spark_staging.default_root`,
     which this module does not import: it pulls in pyarrow)."""
     return os.path.join(state_dir, "spark-staging")
 
@@ -97,7 +97,7 @@ def sink_settings(spark: SparkConfig, state_dir: str = "") -> dict[str, Any]:
     commit's, token-free (only where a remote's token is, never the token)."""
     settings: dict[str, Any] = {
         "staging": spark.staging or (staging_root(state_dir) if state_dir else None),
-        # the committers' journals of commit stamps (stages/spark_once.py): local state
+        # the committers' journals of commit stamps (stages/spark/spark_once.py): local state
         "journal": os.path.join(state_dir, "spark-commits") if state_dir else None,
         "output": spark.output, "format": spark.format, "table": spark.table or None,
         "partition_by": list(spark.partition_by), "schema": spark.schema or None,

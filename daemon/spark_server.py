@@ -3,7 +3,7 @@
 Run as ``python -m offbroadway.daemon.spark_server``.  It is not a stage (no handler, no
 wire protocol, no messages): the daemon's own child, so it lives here, and the stages know
 nothing of it but the address and token the daemon hands the committers
-(:mod:`offbroadway.stages.spark_remote`).  The pipeline supervisor starts it first
+(:mod:`offbroadway.stages.spark.spark_remote`).  The pipeline supervisor starts it first
 (``rest_for_one``), so every committer after it is a light Spark Connect client of this
 one driver instead of a JVM of its own (a classic session costs 0.4-0.9 GB and 6-9 s per
 process on this machine).
@@ -68,8 +68,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from offbroadway.stages import logs
-from offbroadway.stages.spark_remote import ENV_TOKEN
+from offbroadway.stages.runtime import logs
+from offbroadway.stages.spark.spark_remote import ENV_TOKEN
 from offbroadway.supervision import child
 from offbroadway.supervision.spawn import die_with
 

@@ -27,7 +27,7 @@ def _session(config: Config) -> Any:
     spark = config.spark
     assert spark is not None
     if spark.remote:
-        from offbroadway.stages import spark_remote
+        from offbroadway.stages.spark import spark_remote
         from pyspark.sql.connect.client import DefaultChannelBuilder
         from pyspark.sql.connect.session import SparkSession as Connect
 

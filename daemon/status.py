@@ -1,7 +1,7 @@
 """What the daemon knows of its stages, in one place: their last reports, the totals, the
 tree as ``status`` shows it, and each child's memory and CPU (psutil).
 
-The stages report their counters to the hub (:class:`~offbroadway.stages.commands.Stats`,
+The stages report their counters to the hub (:class:`~offbroadway.stages.wire.commands.Stats`,
 ``Done``, ``Settled``); :class:`Board` keeps the last report of each and the totals over
 restarts (:mod:`.totals`), and reads from them what ``status``, the end-of-run lines and
 the "waiting for its source" notice need.  :func:`usage` is the one psutil walk: ``status``

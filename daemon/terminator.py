@@ -8,10 +8,10 @@ stages' reports and the supervision events go in, the commands to send and the p
 out, and the daemon's shell (:mod:`.app`) sends them, keeps the clock and logs.
 
 Everything follows from the topology data: the stages that read sources
-(:attr:`Topology.sources`) are told :class:`~offbroadway.stages.commands.Shutdown`, their
-consumers :class:`~offbroadway.stages.commands.NoResubscribe`; the drain waits for
-:class:`~offbroadway.stages.commands.Done` from every finisher (a stage that acks and that
-nothing consumes), then for :class:`~offbroadway.stages.commands.Settled` from every
+(:attr:`Topology.sources`) are told :class:`~offbroadway.stages.wire.commands.Shutdown`, their
+consumers :class:`~offbroadway.stages.wire.commands.NoResubscribe`; the drain waits for
+:class:`~offbroadway.stages.wire.commands.Done` from every finisher (a stage that acks and that
+nothing consumes), then for :class:`~offbroadway.stages.wire.commands.Settled` from every
 source (nothing left in flight: its last acks reached the source).
 
 Phases::
@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from offbroadway.stages import commands
+from offbroadway.stages.wire import commands
 
 from .reactions import Send
 from .topology import Topology

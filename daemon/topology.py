@@ -58,8 +58,8 @@ from offbroadway.daemon.names import (  # noqa: F401  (re-exported: the topology
     role_of,
     stage_id,
 )
+from offbroadway.stages.runtime.spec import PROCESSOR_KEY, STAGE_ENV, StageSpec
 from offbroadway.stages.sources import sized_options, window_max, window_option
-from offbroadway.stages.spec import PROCESSOR_KEY, STAGE_ENV, StageSpec
 from offbroadway.supervision.child import GUARD_SIGNAL
 from offbroadway.supervision.spec import (
     INFINITY,
@@ -69,7 +69,7 @@ from offbroadway.supervision.spec import (
     WorkerSpec,
 )
 
-WORKER_ARGV = (sys.executable, "-m", "offbroadway.stages.worker")
+WORKER_ARGV = (sys.executable, "-m", "offbroadway.stages.runtime.worker")
 
 
 @dataclass

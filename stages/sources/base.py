@@ -33,8 +33,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..protocol import MAX_FRAME_BYTES
-from ..redact import mask_url
+from ..runtime.redact import mask_url
+from ..wire.protocol import MAX_FRAME_BYTES
 
 if TYPE_CHECKING:
     from .deadletters import DeadLetterBox
@@ -328,7 +328,7 @@ def next_attempt(delay: float) -> str:
 #: messages stays under the wire's frame limit and a prefetch window of them fits in memory.
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 #: the largest ``max_message_bytes`` accepted: one message must fit in one frame with room
-#: for its metadata (see :data:`offbroadway.stages.protocol.MAX_FRAME_BYTES`)
+#: for its metadata (see :data:`offbroadway.stages.wire.protocol.MAX_FRAME_BYTES`)
 MAX_MESSAGE_BYTES_LIMIT = MAX_FRAME_BYTES * 3 // 4
 
 

@@ -328,7 +328,7 @@ def test_requeuing_policy_rejects_what_would_only_fail_again(rabbit: Rabbit,
     guard) and an oversized body go to the dead-letter exchange: requeued they would come
     back to crash or fail for ever.  An ordinary failure is requeued."""
     import pika
-    from offbroadway.stages.poison import POISON_REASON
+    from offbroadway.stages.poison.guard import POISON_REASON
 
     q = rabbit.queue(dlx=True)
     rabbit.publish(q, 3)

@@ -117,7 +117,7 @@ def test_source_options_are_checked_by_the_source() -> None:
 
 def test_nats_gets_the_auto_prefetch_and_the_starvation_warning() -> None:
     from offbroadway.daemon.topology import auto_prefetch, build
-    from offbroadway.stages.spec import StageSpec
+    from offbroadway.stages.runtime.spec import StageSpec
 
     raw = with_("producer.source", "nats")
     raw["producer"]["options"] = {"stream": "orders"}
@@ -154,8 +154,8 @@ def test_auto_prefetch_with_spark_fits_amqp_and_keeps_two_groups_in_flight() -> 
     holds exactly: the committers' group shrinks to what that window feeds, so Spark never
     waits for rows the broker holds back."""
     from offbroadway.daemon.topology import build
+    from offbroadway.stages.runtime.spec import StageSpec
     from offbroadway.stages.sources.rabbitmq.settings import parse_options
-    from offbroadway.stages.spec import StageSpec
 
     config = validate(_rabbit_spark()).config
     assert config.spark.commit_rows == 50_000

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from offbroadway.stages.failures import KEPT, FailureTally
+from offbroadway.stages.runtime.failures import KEPT, FailureTally
 
 
 def test_one_line_per_interval_with_counts_per_reason() -> None:

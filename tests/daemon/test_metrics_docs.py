@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from offbroadway.stages.metrics import (
+from offbroadway.stages.runtime.metrics import (
     COUNTERS,
     GAUGES,
     HISTOGRAMS,

@@ -10,8 +10,8 @@ import pytest
 from offbroadway.daemon import topology as topo_mod
 from offbroadway.daemon.config import validate
 from offbroadway.daemon.reactions import Reactions, cascade, restart_target
-from offbroadway.stages.blame import Blame, Suspect
-from offbroadway.stages.commands import Resubscribe
+from offbroadway.stages.poison.blame import Blame, Suspect
+from offbroadway.stages.wire.commands import Resubscribe
 from offbroadway.supervision.strategy import affected
 
 P, C, B = 2, 3, 2   # producers, processors, batchers (each with 2 batch processors)

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from offbroadway.stages import logs
+from offbroadway.stages.runtime import logs
 
 from tests.conftest import REPO, test_env
 

@@ -8,7 +8,7 @@ from offbroadway.daemon import topology as topo_mod
 from offbroadway.daemon.config import validate
 from offbroadway.daemon.reactions import Reactions, cascade
 from offbroadway.daemon.terminator import Phase, Terminator
-from offbroadway.stages import commands
+from offbroadway.stages.wire import commands
 
 
 def _topology(batchers: int = 2) -> topo_mod.Topology:

@@ -9,7 +9,7 @@ import json
 import os
 
 from offbroadway import Message, Pipeline
-from offbroadway.stages.spec import STAGE_ENV
+from offbroadway.stages.runtime.spec import STAGE_ENV
 
 
 def _append(path: str, records: list[dict]) -> None:

@@ -8,7 +8,7 @@ import os
 import time
 
 from offbroadway import Message
-from offbroadway.stages.spec import STAGE_ENV
+from offbroadway.stages.runtime.spec import STAGE_ENV
 
 from tests.e2e.handlers import Recorder
 

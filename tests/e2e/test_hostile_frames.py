@@ -12,7 +12,7 @@ from pathlib import Path
 
 import msgpack
 import zmq
-from offbroadway.stages import protocol
+from offbroadway.stages.wire import protocol
 
 from tests.conftest import start_daemon, wait_until
 from tests.e2e.handlers import read_records

@@ -3,7 +3,7 @@
 A ``handle_message`` that waits on an external call for longer than ``heartbeat_timeout``
 used to be killed as silent (``silent for 2.0s (heartbeat_timeout 2s): killing``), counted
 a poison strike against a healthy message, and restarted every processor.  Now the stage's
-liveness thread beats while a callback runs (stages/liveness.py): the call finishes, the
+liveness thread beats while a callback runs (stages/runtime/liveness.py): the call finishes, the
 message is handled once, nothing restarts.  ``message_timeout`` bounds one call: it fails
 that message alone, and the rest of its frame goes on.  A process that cannot run at all
 (here: a C call that holds the GIL) is still silent, and still killed.

@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from offbroadway.stages import ratelimit
+from offbroadway.stages.flow import ratelimit
 
 from tests.conftest import REPO, offbroadway_cmd, start_daemon, test_env, wait_until
 from tests.e2e.rate_handlers import stamps

@@ -33,7 +33,7 @@ def sizes_from_first(out: Path, size: int) -> list[int]:
 
 
 def test_resize_emits_what_the_new_size_already_fills() -> None:
-    from offbroadway.stages.batching import BatchAccumulator
+    from offbroadway.stages.flow.batching import BatchAccumulator
 
     acc: BatchAccumulator = BatchAccumulator(50, 30.0)
     assert acc.add_many([("k", i) for i in range(45)], now=1.0) == []

@@ -24,8 +24,8 @@ from pathlib import Path
 import msgpack
 import psutil
 import pytest
-from offbroadway.stages import protocol
-from offbroadway.stages.redact import mask_url, redact
+from offbroadway.stages.runtime.redact import mask_url, redact
+from offbroadway.stages.wire import protocol
 
 from tests.conftest import REPO, start_daemon, wait_until
 from tests.e2e.test_operations import cli, free_port, status, walk

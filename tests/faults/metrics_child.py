@@ -1,6 +1,6 @@
 """Run as ``python -m tests.faults.metrics_child DIR N``: forks N stage-like processes one
 after another, each publishing known counts through the stages' real metrics code
-(:class:`offbroadway.stages.metrics.StageMetrics`) and exiting; prints each child's pid
+(:class:`offbroadway.stages.runtime.metrics.StageMetrics`) and exiting; prints each child's pid
 once it has been reaped, so the test can tell the daemon's compaction about it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 
 def child(i: int) -> None:
-    from offbroadway.stages.metrics import StageMetrics
+    from offbroadway.stages.runtime.metrics import StageMetrics
 
     m = StageMetrics("p", f"processor_default_{i % 3}", "processor")
     for _ in range(i % 5 + 1):            # i % 5 + 1 observations of batch_size i
@@ -22,7 +22,7 @@ def child(i: int) -> None:
 def main() -> None:
     path, n = sys.argv[1], int(sys.argv[2])
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
-    import offbroadway.stages.metrics  # noqa: F401  (imported once, before the forks)
+    import offbroadway.stages.runtime.metrics  # noqa: F401  (imported once, before the forks)
     import prometheus_client  # noqa: F401
     for i in range(n):
         pid = os.fork()

@@ -441,7 +441,7 @@ def one_batcher_into_spark(tmp: Path, server, n: int) -> tuple[Path, Path]:
 def kill_a_stage_in_a_commit(tmp: Path, server, stage: str) -> None:
     """12,000 lines through one batcher of two batch processors into the suite's Spark;
     SIGKILL ``stage`` while the committer runs a Spark job; the run must end 0 with every
-    line in the dataset exactly once (stages/spark_once.py: the rows of the commits whose
+    line in the dataset exactly once (stages/spark/spark_once.py: the rows of the commits whose
     answers may not have become acks, and every copy a stale stage or the source's
     redelivery brings again, in a later group or in the same one, are left out)."""
     n = 12_000

@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def _sink(**kw):
-    from offbroadway.stages.spark_sink import SparkSink
+    from offbroadway.stages.spark.spark_sink import SparkSink
 
     return SparkSink(**kw)
 
@@ -206,7 +206,7 @@ def test_a_stop_request_abandons_the_retries_and_fails_nothing(tmp_path):
     """Regression (bench/chaos.py): a batch processor told to stop while Spark is down kept
     retrying until SIGKILL.  Now the retry loop gives up at the next back-off and marks
     nothing failed: the messages stay unacked, to be delivered again."""
-    from offbroadway.stages.spark_sink import WriteAbandoned
+    from offbroadway.stages.spark.spark_sink import WriteAbandoned
 
     out = tmp_path / "out"
     stop = {"now": False}

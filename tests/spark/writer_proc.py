@@ -12,7 +12,7 @@ import sys
 import time
 
 from offbroadway import Message
-from offbroadway.stages.spark_sink import SparkSink
+from offbroadway.stages.spark.spark_sink import SparkSink
 
 
 def main() -> int:

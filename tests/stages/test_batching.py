@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from offbroadway.stages.batching import BatchAccumulator
+from offbroadway.stages.flow.batching import BatchAccumulator
 
 
 def test_count_batches_by_size() -> None:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from offbroadway import Message
-from offbroadway.stages import protocol
+from offbroadway.stages.wire import protocol
 
 #: fixed UTC offsets: a zone of the tz database travels as its offset (see below)
 OFFSETS = st.builds(lambda m: dt.timezone(dt.timedelta(minutes=m)), st.integers(-1439, 1439))

@@ -1,4 +1,4 @@
-"""The demand budget (stages/demand.py) against real dispatchers, over modelled channels.
+"""The demand budget (stages/flow/demand.py) against real dispatchers, over modelled channels.
 
 A small network of producers (the real dispatchers, as the ROUTER side drives them: ASK,
 RETRACT → RETRACTED, SUBSCRIBE → SUBSCRIBED, "unknown subscription" for a stranger) and
@@ -27,13 +27,13 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from offbroadway.stages.demand import ASK, LIVE, DemandBudget
-from offbroadway.stages.dispatch import (
+from offbroadway.stages.flow.demand import ASK, LIVE, DemandBudget
+from offbroadway.stages.flow.dispatch import (
     GenStageDemandDispatcher,
     PartitionDispatcher,
     SpreadDispatcher,
 )
-from offbroadway.stages.window import PacedWindow
+from offbroadway.stages.flow.window import PacedWindow
 
 
 def cid(c: int) -> bytes:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from offbroadway.stages.dispatch import (
+from offbroadway.stages.flow.dispatch import (
     GenStageDemandDispatcher,
     PartitionDispatcher,
     SpreadDispatcher,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from offbroadway.stages.inflight import InFlightTable
+from offbroadway.stages.flow.inflight import InFlightTable
 
 
 def test_settle_acks_and_fails() -> None:

@@ -15,8 +15,8 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 from offbroadway import Message
-from offbroadway.stages import blame
-from offbroadway.stages.poison import StrikeTable
+from offbroadway.stages.poison import blame
+from offbroadway.stages.poison.guard import StrikeTable
 
 
 def test_a_message_is_poison_at_the_limit_and_not_before() -> None:
@@ -118,7 +118,7 @@ def test_the_record_survives_a_segfault(tmp_path: Path) -> None:
     path = blame.path(str(tmp_path), "p")
     code = ("import ctypes, sys\n"
             "from offbroadway import Message\n"
-            "from offbroadway.stages import blame\n"
+            "from offbroadway.stages.poison import blame\n"
             "rec = blame.BlameRecorder(sys.argv[1])\n"
             "rec.message(Message('the-poison', None, origin=0, token=42))\n"
             "ctypes.string_at(0)\n")
@@ -132,7 +132,7 @@ def test_a_packed_frame_record_names_the_running_message_alone(tmp_path: Path) -
     """A frame's packed events copied once, then a position per message: the blame is
     still one message, the one running, and a message that is not the frame's (made by
     prepare_messages) falls back to a record of its own."""
-    from offbroadway.stages import protocol
+    from offbroadway.stages.wire import protocol
 
     path = blame.path(str(tmp_path), "p")
     rec = blame.BlameRecorder(path)
@@ -156,7 +156,7 @@ def test_a_packed_frame_record_by_index_names_the_running_message(tmp_path: Path
     """The processor's usual path: the frame's own messages in order, each one's place
     written into the record's index store (no call per message); another list of messages
     (prepare_messages made new ones, or some were dropped as failed) gets no store."""
-    from offbroadway.stages import protocol
+    from offbroadway.stages.wire import protocol
 
     path = blame.path(str(tmp_path), "p")
     rec = blame.BlameRecorder(path)
@@ -191,9 +191,9 @@ def test_the_guard_strikes_isolates_quarantines_and_forgets() -> None:
     sends: a handle_message crash strikes its message; a redelivered suspect runs alone,
     or is kept back while quarantined; at the limit it is emitted failed; settling forgets
     it and counts the poison once."""
-    from offbroadway.stages import protocol
-    from offbroadway.stages.commands import CrashBlame
-    from offbroadway.stages.poison import PoisonGuard
+    from offbroadway.stages.poison.guard import PoisonGuard
+    from offbroadway.stages.wire import protocol
+    from offbroadway.stages.wire.commands import CrashBlame
 
     guard = PoisonGuard(max_crashes=2)
     ours = {10, 11, 12}.__contains__

@@ -7,7 +7,7 @@ import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from offbroadway.stages import protocol
+from offbroadway.stages.wire import protocol
 
 VALID = [protocol.subscribe(10, 5, None), protocol.ask(7), protocol.cancel("shutdown"),
          protocol.ack([1, 2], [[3, "bad"]]), protocol.command("stop", {}),

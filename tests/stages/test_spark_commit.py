@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from offbroadway.stages import spark_rows, spark_wire
-from offbroadway.stages.spark_commit import CommitGroups, Handed
+from offbroadway.stages.spark import spark_rows
+from offbroadway.stages.spark.spark_commit import CommitGroups, Handed
+from offbroadway.stages.wire import spark_wire
 
 
 def handed(peer: str, ref: int, rows: int, at: float, trigger: str = "size") -> Handed:

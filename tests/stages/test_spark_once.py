@@ -1,4 +1,4 @@
-"""The committer's exactly-once bookkeeping (stages/spark_once.py): journal, doubt, recent."""
+"""The committer's exactly-once bookkeeping (stages/spark/spark_once.py): journal, doubt, recent."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
-from offbroadway.stages.spark_once import KEEP, Doubt, Journal, RecentFiles, repeats
+from offbroadway.stages.spark.spark_once import KEEP, Doubt, Journal, RecentFiles, repeats
 
 
 def test_the_journal_gives_back_the_last_stamps_and_stays_bounded(tmp_path: Path) -> None:

@@ -41,7 +41,7 @@ import nats.errors
 import nats.js.errors
 from nats.js import api
 
-from ...redact import mask_url
+from ...runtime.redact import mask_url
 from ..base import Item
 from ..mailbox import Mailbox
 from .delivery import DEAD_LETTER_HEADER as DEAD_LETTER_HEADER  # the name tests import from here

@@ -23,7 +23,7 @@ import nats
 import nats.errors
 import nats.js.errors
 
-from ...redact import mask_url
+from ...runtime.redact import mask_url
 from ..deadletters import DeadLetter, DeadLetterBox, DeadLetterError, Replayed
 from .delivery import DEAD_LETTER_HEADER
 from .settings import parse_options

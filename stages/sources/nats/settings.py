@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from ...redact import mask_url
+from ...runtime.redact import mask_url
 from ..base import (
     DEFAULT_MAX_MESSAGE_BYTES,
     SourceOptionError,

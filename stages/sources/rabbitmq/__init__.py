@@ -15,7 +15,7 @@ The hand-over from the I/O thread to the producer, with its wake-up fd, is the
 options and guarantees.
 """
 
-from ...redact import mask_url
+from ...runtime.redact import mask_url
 from .delivery import RabbitMQHandle, packable
 from .settings import (
     AMQP_MAX_PREFETCH,

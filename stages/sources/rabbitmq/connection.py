@@ -31,7 +31,7 @@ import pika
 import pika.exceptions as amqp_errors
 import tenacity
 
-from ...redact import describe_error, mask_url
+from ...runtime.redact import describe_error, mask_url
 from ..base import backoff_wait, next_attempt
 from ..mailbox import Mailbox
 from .delivery import to_item

@@ -28,7 +28,7 @@ from typing import Any
 import pika
 import pika.exceptions as amqp_errors
 
-from ...redact import mask_url
+from ...runtime.redact import mask_url
 from ..deadletters import DeadLetter, DeadLetterBox, DeadLetterError, Replayed
 from .settings import parse_options
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from ...redact import mask_url
+from ...runtime.redact import mask_url
 from ..base import (
     DEFAULT_MAX_MESSAGE_BYTES,
     option_float,

@@ -37,7 +37,7 @@ import time
 from collections import deque
 from typing import Any
 
-from ...poison import POISON_REASON
+from ...poison.guard import POISON_REASON
 from ..base import Failure
 from .delivery import RabbitMQHandle
 from .settings import ALWAYS_REQUEUE

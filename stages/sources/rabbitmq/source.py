@@ -25,7 +25,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ...redact import describe_error, mask_url
+from ...runtime.redact import describe_error, mask_url
 from .. import window_option
 from ..base import Failure, Item, Source, SourceError, not_contacted
 from ..decode import body_decoder, decode_bodies

@@ -18,7 +18,7 @@ from typing import Any
 
 import redis
 
-from ...redact import mask_url
+from ...runtime.redact import mask_url
 from ..deadletters import DeadLetter, DeadLetterBox, DeadLetterError, Replayed
 from .settings import parse_options
 

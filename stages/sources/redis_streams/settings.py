@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ...redact import mask_url
+from ...runtime.redact import mask_url
 from ..base import option_float, option_int, option_max_message_bytes, option_str
 from ..decode import option_decode
 

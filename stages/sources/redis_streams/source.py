@@ -40,7 +40,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ...redact import describe_error, mask_url
+from ...runtime.redact import describe_error, mask_url
 from ..base import (
     Backoff,
     Failure,

@@ -21,14 +21,16 @@ from typing import Any
 import zmq
 from offbroadway import Message
 
-from . import blame, callbacks, commands, protocol
+from ..flow.dispatch import PartitionDispatcher
+from ..poison import blame
+from ..runtime import callbacks
+from ..runtime.handler import load_handler
+from ..runtime.spec import StageSpec
+from ..runtime.stage import Stage
+from ..wire import commands, protocol
 from .acker import Acker
 from .consumer import Subscriptions, Upstream
-from .dispatch import PartitionDispatcher
 from .downstream import Downstream
-from .handler import load_handler
-from .spec import StageSpec
-from .stage import Stage
 
 log = logging.getLogger("offbroadway.processor")
 

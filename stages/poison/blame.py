@@ -48,7 +48,7 @@ from typing import Protocol
 
 import msgpack
 
-from . import protocol
+from ..wire import protocol
 
 MAGIC = b"OBB1"
 SIZE = 4096

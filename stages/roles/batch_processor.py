@@ -27,12 +27,13 @@ from typing import Any
 import zmq
 from offbroadway import BatchInfo, Message
 
-from . import callbacks, commands, protocol
+from ..runtime import callbacks
+from ..runtime.handler import load_handler
+from ..runtime.spec import StageSpec
+from ..runtime.stage import Stage
+from ..wire import commands, protocol
 from .acker import Acker
 from .consumer import Subscriptions
-from .handler import load_handler
-from .spec import StageSpec
-from .stage import Stage
 
 log = logging.getLogger("offbroadway.batch_processor")
 
@@ -180,7 +181,7 @@ class _SparkHandoff:
         return bool(self.pending or self.queued)
 
     def connect(self) -> None:
-        from . import spark_wire
+        from ..wire import spark_wire
 
         stage = self.stage
         self.sock = stage.dealer(stage.spec.committer)
@@ -194,7 +195,8 @@ class _SparkHandoff:
             return
         import pyarrow as pa
 
-        from . import spark_rows, spark_wire
+        from ..spark import spark_rows
+        from ..wire import spark_wire
 
         converted = spark_rows.convert(rows, self.schema, self.partition_by, self.schema_error)
         if self.schema is None:
@@ -223,7 +225,7 @@ class _SparkHandoff:
         self.pending[ref] = (up, messages, rows, time.perf_counter())
 
     def _on_committer(self, sock: zmq.Socket) -> None:
-        from . import spark_wire
+        from ..wire import spark_wire
 
         stage = self.stage
         while True:
@@ -238,7 +240,7 @@ class _SparkHandoff:
                 log.warning("%s: dropped a malformed frame from the committer: %s", stage.id, exc)
                 continue
             if msg[0] == spark_wire.SCHEMA:
-                from .spark_staging import StagingDir
+                from ..spark.spark_staging import StagingDir
 
                 self._adopt(msg[1])
                 self.schema_error = msg[2]
@@ -266,7 +268,7 @@ class _SparkHandoff:
     def _adopt(self, schema_ipc: bytes | None) -> None:
         """The dataset's schema, as the committer fixed it: convert to it from now on."""
         if schema_ipc is not None and schema_ipc != self.schema_bytes:
-            from . import spark_rows
+            from ..spark import spark_rows
 
             self.schema = spark_rows.schema_from_ipc(schema_ipc)
             self.schema_bytes = schema_ipc

@@ -28,8 +28,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import protocol
-from .commands import CrashBlame
+from ..wire import protocol
+from ..wire.commands import CrashBlame
 
 DEFAULT_CAP = 10_000
 

@@ -15,14 +15,14 @@ from typing import Any
 
 import zmq
 
-from . import commands, protocol
-from .batching import BatchAccumulator
+from ..flow.batching import BatchAccumulator
+from ..flow.dispatch import Dispatcher, PartitionDispatcher, SpreadDispatcher, stable_hash
+from ..runtime.handler import load_handler
+from ..runtime.spec import StageSpec
+from ..runtime.stage import Stage
+from ..wire import commands, protocol
 from .consumer import Subscriptions
-from .dispatch import Dispatcher, PartitionDispatcher, SpreadDispatcher, stable_hash
 from .downstream import Downstream
-from .handler import load_handler
-from .spec import StageSpec
-from .stage import Stage
 
 log = logging.getLogger("offbroadway.batcher")
 

@@ -6,7 +6,7 @@ When the daemon reports that a stage downstream died, everything still in flight
 back to the source (``requeue``): at-least-once, so a SIGKILL anywhere loses nothing.
 
 Poison messages: when a processor died unexpectedly, the daemon names with the requeue
-what that processor was running; :mod:`.poison` decides what follows (a message that
+what that processor was running; :mod:`.poison.guard` decides what follows (a message that
 reached ``max_crashes`` is emitted already failed, a suspect is sent alone in its frame),
 this module only sends.
 
@@ -22,22 +22,22 @@ from itertools import repeat
 from operator import contains, itemgetter
 from typing import Any
 
-from . import commands, protocol
-from .dispatch import (
+from ..flow.dispatch import (
     Dispatcher,
     GenStageDemandDispatcher,
     PartitionDispatcher,
     SpreadDispatcher,
     stable_hash,
 )
+from ..flow.inflight import InFlightTable
+from ..flow.ratelimit import SharedRateLimit
+from ..poison.guard import PoisonGuard
+from ..runtime.handler import load_handler
+from ..runtime.spec import StageSpec
+from ..runtime.stage import Stage
+from ..sources import get_source
+from ..wire import commands, protocol
 from .downstream import Downstream
-from .handler import load_handler
-from .inflight import InFlightTable
-from .poison import PoisonGuard
-from .ratelimit import SharedRateLimit
-from .sources import get_source
-from .spec import StageSpec
-from .stage import Stage
 
 log = logging.getLogger("offbroadway.producer")
 
@@ -78,7 +78,7 @@ class ProducerStage(Stage):
         self._acks: list = []
         self._fails: list = []
         self.next_token = self.first_token = time.time_ns()
-        #: crashes blamed per message, suspects and their quarantine (:mod:`.poison`)
+        #: crashes blamed per message, suspects and their quarantine (:mod:`.poison.guard`)
         self.poison = PoisonGuard(spec.max_crashes)
         self.draining = False
         self.paused = False
@@ -307,7 +307,7 @@ class ProducerStage(Stage):
                 and self.first_token <= token < self.next_token)
 
     def _blame(self, blame: commands.CrashBlame) -> None:
-        """A processor died running messages of ours: :mod:`.poison` decides, this logs."""
+        """A processor died running messages of ours: :mod:`.poison.guard` decides, this logs."""
         verdict = self.poison.blame(blame, self._ours)
         if verdict is None:
             return
@@ -387,7 +387,7 @@ class ProducerStage(Stage):
         """A stage downstream died: whatever it held is lost, so hand it all back.
 
         ``blame``: what the dead processor was running, if it died unexpectedly (see
-        :mod:`.poison`); ``quarantine``: keep suspects back until ``release_suspects``
+        :mod:`.poison.guard`); ``quarantine``: keep suspects back until ``release_suspects``
         (the processors are restarting).
         """
         if command.blame is not None:

@@ -40,9 +40,9 @@ from typing import Any
 
 import zmq
 
-from . import protocol
-from .demand import ASK, Action, DemandBudget
-from .window import PacedWindow
+from ..flow.demand import ASK, Action, DemandBudget
+from ..flow.window import PacedWindow
+from ..wire import protocol
 
 #: seconds without events after which a budgeted consumer counts as idle
 IDLE_AFTER = 0.02

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from .redact import mask_url
+from ..runtime.redact import mask_url
 
 #: the Connect URL of the daemon's own server (``sc://localhost:PORT``)
 ENV_REMOTE = "OFFBROADWAY_SPARK_REMOTE"

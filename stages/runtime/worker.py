@@ -1,4 +1,4 @@
-"""Entry point of every stage process: ``python -m offbroadway.stages.worker``.
+"""Entry point of every stage process: ``python -m offbroadway.stages.runtime.worker``.
 
 The stage's spec arrives in the environment (see :mod:`.spec`).  Imports are kept to the
 stage runtime's own (zmq, msgpack), since restart latency is start-up time.
@@ -13,9 +13,9 @@ import sys
 
 from offbroadway.supervision.child import guard_descendants, kill_descendants
 
+from ..sources.base import EXIT_SOURCE_REFUSED, SourceError
 from . import logs
 from .liveness import Liveness
-from .sources.base import EXIT_SOURCE_REFUSED, SourceError
 from .spec import StageSpec
 
 
@@ -23,13 +23,13 @@ def _role(role: str) -> type:
     """The stage class of ``role``, importing only its module: the committer's pyarrow
     (and numpy) would add ~30 MB to every stage process that imported it for nothing."""
     if role == "committer":
-        from .committer import CommitterStage
+        from ..roles.committer import CommitterStage
 
         return CommitterStage
-    from .batch_processor import BatchProcessorStage
-    from .batcher import BatcherStage
-    from .processor import ProcessorStage
-    from .producer import ProducerStage
+    from ..roles.batch_processor import BatchProcessorStage
+    from ..roles.batcher import BatcherStage
+    from ..roles.processor import ProcessorStage
+    from ..roles.producer import ProducerStage
 
     roles: dict[str, type] = {"producer": ProducerStage, "processor": ProcessorStage,
                               "batcher": BatcherStage, "batch_processor": BatchProcessorStage}

@@ -15,8 +15,9 @@ from typing import Any
 import zmq
 from offbroadway import Message, Pipeline
 
-from . import callbacks, protocol
-from .failures import FailureTally
+from ..runtime import callbacks
+from ..runtime.failures import FailureTally
+from ..wire import protocol
 
 log = logging.getLogger("offbroadway.acker")
 

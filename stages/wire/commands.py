@@ -5,7 +5,7 @@ COMMAND and REPORT frames).  Each command and each report is a frozen record her
 its arguments typed; both sides import this module (it lives under ``stages/`` because
 stages must not import the daemon), so a command the daemon sends is a command a stage
 knows, with the arguments it takes, or the type checker says so.  A stage accepts the
-commands of its role (:meth:`offbroadway.stages.stage.Stage.accept`); a command it does not
+commands of its role (:meth:`offbroadway.stages.runtime.stage.Stage.accept`); a command it does not
 accept, or one whose arguments do not check (a daemon of another version), is logged and
 ignored, never a crash.
 

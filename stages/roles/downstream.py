@@ -24,8 +24,8 @@ from typing import Any
 
 import zmq
 
-from . import protocol
-from .dispatch import Dispatcher
+from ..flow.dispatch import Dispatcher
+from ..wire import protocol
 
 #: frames read per wake-up before the stage's other sockets get a turn
 READ_BURST = 1000

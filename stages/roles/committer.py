@@ -34,12 +34,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import zmq
 
-from . import commands, spark_rows, spark_wire
-from .spark_commit import DEFAULT_INTERVAL, DEFAULT_ROWS, CommitGroups, Handed
-from .spark_once import RECOVER, WATCH, Doubt, Journal, RecentFiles
-from .spark_staging import StagingDir, default_root
-from .spec import StageSpec
-from .stage import Stage, StageExit
+from ..runtime.spec import StageSpec
+from ..runtime.stage import Stage, StageExit
+from ..spark import spark_rows
+from ..spark.spark_commit import DEFAULT_INTERVAL, DEFAULT_ROWS, CommitGroups, Handed
+from ..spark.spark_once import RECOVER, WATCH, Doubt, Journal, RecentFiles
+from ..spark.spark_staging import StagingDir, default_root
+from ..wire import commands, spark_wire
 
 log = logging.getLogger("offbroadway.committer")
 
@@ -90,7 +91,7 @@ class CommitterStage(Stage):
 
     # -- wiring --------------------------------------------------------------------------
     def setup(self) -> None:
-        from .spark_sink import SparkSink  # pyspark only in this stage
+        from ..spark.spark_sink import SparkSink  # pyspark only in this stage
 
         self.sink = SparkSink(**self.sink_settings, writer_id=self.id,
                               should_stop=lambda: not self.running)
@@ -344,7 +345,7 @@ class CommitterStage(Stage):
         parsed, else the one the dataset already has: fixed by its first commit), and the
         ids of the last commits an earlier incarnation started put in doubt
         (spark_once)."""
-        from .spark_sink import CommitFailed
+        from ..spark.spark_sink import CommitFailed
 
         try:
             self._job_out["schema"] = self.sink.data_schema()
@@ -374,7 +375,7 @@ class CommitterStage(Stage):
         """In the helper thread: one Spark job for the whole group (Spark reads the staged
         files itself); if Spark rejects it outright, one job per batch so that only the
         culprit fails."""
-        from .spark_sink import CommitFailed
+        from ..spark.spark_sink import CommitFailed
 
         errors: dict[int, str] = self._job_out["errors"]
         if not job:
@@ -448,7 +449,7 @@ class CommitterStage(Stage):
                 pass
 
     def _finish_job(self) -> None:
-        from .spark_sink import WriteAbandoned
+        from ..spark.spark_sink import WriteAbandoned
 
         assert self._job is not None
         self._job.join()

@@ -29,7 +29,7 @@ from typing import Any
 import zmq
 from offbroadway.supervision import child
 
-from . import commands, protocol
+from ..wire import commands, protocol
 from .failures import FailureTally
 from .metrics import StageMetrics
 from .spec import HUB, StageSpec, endpoint
