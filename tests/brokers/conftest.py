@@ -38,7 +38,9 @@ class Rabbit:
 
     def __init__(self) -> None:
         try:
-            self.conn = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+            # no heartbeats: a test that waits minutes without driving this connection
+            # (a JVM restart under load) would otherwise have it closed by the broker
+            self.conn = pika.BlockingConnection(pika.URLParameters(AMQP_URL + "?heartbeat=0"))
         except pika.exceptions.AMQPConnectionError as exc:
             pytest.fail(f"RabbitMQ is not answering at 127.0.0.1:5672 ({exc}); start it "
                         f"with `rabbitmq-server -detached`")
