@@ -84,6 +84,8 @@ from typing import Any
 
 import psutil
 from offbroadway.daemon import names
+from offbroadway.supervision.tree import SpecTree, workers_under
+from offbroadway.supervision.tree import walk as walk_specs
 
 REPO = Path(__file__).resolve().parent.parent
 AMQP_URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
@@ -181,62 +183,30 @@ def spec_tree(config_path: str) -> Any:
     so strategies and intensities are read, not assumed."""
     from offbroadway.daemon import topology
     from offbroadway.daemon.config import load_config
-    from offbroadway.daemon.spark import plan
 
-    config = load_config(config_path).config
-    kwargs: dict[str, Any] = {}
-    if config.spark is not None:
-        p = plan(config.spark, runtime_dir=config.runtime.dir,
-                 state_dir=config.runtime.state_dir)
-        kwargs.update(spark_child=p.child, committer_env=p.committer_env,
-                      spark_settings=p.settings)
-    return topology.build(config, **kwargs).root
-
-
-def _parents(root: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-
-    def walk(sup: Any) -> None:
-        for c in sup.children:
-            out[c.id] = sup
-            if c.type == "supervisor":
-                walk(c)
-
-    walk(root)
-    return out
+    return topology.wired(load_config(config_path).config).root
 
 
 def charged_supervisor(root: Any, child_id: str) -> tuple[Any, str]:
     """The supervisor whose restart intensity a crash of ``child_id`` consumes, and the id
-    of its child that it sees failing: a ``max_restarts = 0`` supervisor gives up at once
-    and its parent restarts it (OTP escalation)."""
-    parents = _parents(root)
-    failed, sup = child_id, parents[child_id]
-    while sup.max_restarts == 0 and sup.id in parents:
-        failed, sup = sup.id, parents[sup.id]
+    of its child that it sees failing: asked of the supervision library
+    (:meth:`~offbroadway.supervision.tree.SpecTree.crash_target`), which knows OTP's
+    escalation, rather than modelled here."""
+    sup, failed = SpecTree(root).crash_target(child_id)
+    assert sup is not None, f"{child_id} is the root: nothing absorbs its crash"
     return sup, failed
 
 
 def expected_restarts(root: Any, crashed: Iterable[str]) -> Counter:
     """Restart counters after these crashes, as ``status`` counts them: every start of a
-    node after its first adds one, and a restarted supervisor starts all its children."""
+    node after its first adds one, and a restarted supervisor starts all its children.
+    Which children a crash restarts is the supervision library's answer
+    (:meth:`~offbroadway.supervision.tree.SpecTree.restarted_by`)."""
     counts: Counter = Counter()
-
-    def start(spec: Any) -> None:
-        counts[spec.id] += 1
-        if spec.type == "supervisor":
-            for c in spec.children:
-                start(c)
-
+    tree = SpecTree(root)
     for child in crashed:
-        sup, failed = charged_supervisor(root, child)
-        ids = [c.id for c in sup.children]
-        i = ids.index(failed)
-        plan = {"one_for_one": ids[i:i + 1], "one_for_all": ids,
-                "rest_for_one": ids[i:]}[sup.strategy.value]
-        for c in sup.children:
-            if c.id in plan:
-                start(c)
+        for restarted in tree.restarted_by(child):
+            counts.update(spec.id for spec in walk_specs(tree.node[restarted]))
     return counts
 
 
@@ -820,7 +790,7 @@ class ChaosRun:
 
     def uncovered(self) -> set[str]:
         """Kinds in the tree (and asked for) that were not killed yet."""
-        present = {kind_of(n.id) for n in _workers(self.root)} & set(self.opts.kinds)
+        present = {kind_of(n.id) for n in workers_under(self.root)} & set(self.opts.kinds)
         if self.opts.spark_kills == 0:
             present.discard("spark")
         return present - {k.kind for k in self.kills}
@@ -964,7 +934,7 @@ _GAVE_UP = re.compile(r"supervisor (\S+) gave up")
 def gave_up(root: Any, log_path: str) -> list[str]:
     """Supervisors that gave up because their intensity was exceeded (``max_restarts = 0``
     ones escalate by design, at every crash of a child: not a finding)."""
-    limits = {n.id: n.max_restarts for n in _supervisors(root)}
+    limits = {n.id: n.max_restarts for n in walk_specs(root) if n.type == "supervisor"}
     out = []
     try:
         with open(log_path) as f:
@@ -975,21 +945,6 @@ def gave_up(root: Any, log_path: str) -> list[str]:
     except OSError:
         pass
     return out
-
-
-def _workers(sup: Any) -> Iterator[Any]:
-    for c in sup.children:
-        if c.type == "supervisor":
-            yield from _workers(c)
-        else:
-            yield c
-
-
-def _supervisors(sup: Any) -> Iterator[Any]:
-    yield sup
-    for c in sup.children:
-        if c.type == "supervisor":
-            yield from _supervisors(c)
 
 
 def run_chaos(opts: ChaosOptions, log: Callable[[str], None] = print) -> dict[str, Any]:

@@ -1,22 +1,13 @@
-"""The daemon: wires the supervision tree, the stages' hub, control and the drain.
+"""The daemon's shell: its directories and lock, the hub, the signals and the loop.
 
 One asyncio loop holds everything: the supervisors (objects, not processes), the hub that
-stages report to, the operator's control socket, and the terminator — Broadway's process
-that runs the graceful shutdown, here a coroutine of the daemon (``pid: null`` in status).
-
-Reactions the daemon owns, because only it sees the whole pipeline:
-
-* a stage downstream of the producers exits → every producer hands its in-flight messages
-  back to its source (nothing lost; at-least-once); when a processor died unexpectedly,
-  the producer that emitted the message it was running is told which one (its blame
-  record), so a message that keeps killing processors is failed as poison after
-  ``max_crashes`` instead of redelivered until the supervisors give up;
-* a producer restarts → processors subscribe to it afresh;
-* every producer idle under ``--until-idle``, SIGTERM/SIGINT, or ``offbroadway stop`` →
-  the drain: producers stop fetching and flush, each stage flushes when all its producers
-  have cancelled, batch processors report done, acks settle, then the tree stops in
-  reverse start order.  Whatever is not done by ``shutdown_timeout`` stays unacked at the
-  source, to be delivered again.
+stages report to, the operator's control socket (:mod:`.operator`) and the drain
+(:mod:`.drainer`), Broadway's terminator run as a coroutine of the daemon (``pid: null``
+in status).  What the pipeline is and what a report or a supervision event calls for is
+the running pipeline's state (:mod:`.pipeline`: the reactions of :mod:`.reactions`, the
+terminator, the board); this module delivers what it decides, with the I/O it needs
+(the blame records, the metrics dir, the hub), and runs the pipeline until a stop, a
+give-up or, under ``--until-idle``, the end of the source.
 """
 
 from __future__ import annotations
@@ -28,131 +19,62 @@ import shutil
 import signal
 import stat
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 from offbroadway.stages.flow import ratelimit
 from offbroadway.stages.flow.ratelimit import SharedRateLimit
 from offbroadway.stages.runtime import logs
-from offbroadway.stages.runtime.spec import STAGE_ENV
 from offbroadway.stages.wire import commands
-from offbroadway.supervision import (
-    ChildExited,
-    Restarting,
-    Supervisor,
-)
+from offbroadway.supervision import ChildExited, Supervisor
 
-from . import control, metrics, runlock, stopbudget, web
-from . import outcome as outcome_mod
-from . import reactions as reactions_mod
-from . import reload as reload_mod
-from . import resize as resize_mod
-from . import status as status_mod
-from . import topology as topo_mod
+from . import control, metrics, reloader, runlock, web
 from .config import Config
+from .drainer import Drainer
 from .hub import Hub
 from .notify import Notifier
 from .operator import Operator
+from .pipeline import Effects, PipelineState, TreeHandle
 from .poison import read_blame
+from .reactions import Send
 from .resizer import Resizer
-from .terminator import Phase, Terminator
+from .terminator import Phase
 from .timeline import Timeline
+from .topology import Wiring
 
 log = logging.getLogger("offbroadway.daemon")
 
 
-class RuntimeDirError(RuntimeError):
-    pass
-
-
-def prepare_private_dir(path: str) -> None:
-    """Create ``path`` 0700, or refuse one that others could write to (sockets live there)."""
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        st = os.stat(path)
-    except OSError as exc:     # check says so first (config.preflight); a race lands here
-        raise RuntimeDirError(f"runtime dir {path}: {exc.strerror or exc}") from None
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise RuntimeDirError(f"runtime dir {path} is writable by group/others "
-                              f"(mode {stat.S_IMODE(st.st_mode):o}); refusing to start")
-    if st.st_uid != os.getuid():
-        raise RuntimeDirError(f"runtime dir {path} belongs to uid {st.st_uid}, not us")
-
-
-#: how long a complete drain waits for the sources' books to show nothing owed (two of the
-#: stages' report ticks)
-SETTLE_GRACE = 2.5
-
 #: what keeps a daemon from starting: one line for the operator, exit 1, nothing left behind
-START_ERRORS = (RuntimeDirError, runlock.AlreadyRunning, metrics.ListenError)
-
-
-def stop_budget(config: Config) -> float:
-    """The longest a stop of ``config``'s pipeline can take (see :mod:`.stopbudget`)."""
-    daemon = Daemon(config)
-    daemon._build()
-    return daemon.stop_budget
+START_ERRORS = (runlock.RuntimeDirError, runlock.AlreadyRunning, metrics.ListenError)
 
 
 class Daemon:
     def __init__(self, config: Config, *, until_idle: bool = False,
                  notifier: Notifier | None = None) -> None:
-        self.config = config
-        #: the config file as last read (``config`` is the running one: a ``scale``
-        #: changes it, not the file); a reload compares the file with this
-        self.file_config = config
+        self._first_config = config    # the stage env's, until the state below exists
+        #: the running pipeline: config, topology, reactions, terminator, board, budget
+        self.state = PipelineState(config, Wiring(config, self._stage_env))
         self.until_idle = until_idle
         self.notifier = notifier or Notifier()
-        #: the control socket's verbs (offbroadway status, stop, restart, drain...)
-        self.operator = Operator(self)
         self._stop = asyncio.Event()
         self._idle_event = asyncio.Event()
-        #: set whenever the terminator may have moved (the drain's waits wake on it)
-        self._progress = asyncio.Event()
         self._housekeeping_task: asyncio.Future | None = None
-        self._stop_deadline: float | None = None
         self.started_at = time.time()
         self.rate_limit: SharedRateLimit | None = None
         #: Ctrl-Cs (SIGINT) since the stop began: the third stops at once
         self._interrupts = 0
-        self._abort = False
         #: "pipeline is up" is said once every producer's source is connected; until then
         #: "waiting for its source", once
         self._announced_up = False
         self._said_waiting = False
-        #: carries out resizes (offbroadway scale, a reload's concurrency)
-        self.resizer = Resizer(self)
         self._background: set[asyncio.Future] = set()
         #: restarts, crashes, reloads and operator verbs, for the live page (:mod:`.web`)
         self.timeline = Timeline()
-        #: the books at the end of the last drain (:meth:`outcome`)
-        self._outcome: outcome_mod.Outcome | None = None
 
-    # -- wiring -----------------------------------------------------------------------------
-    def _build(self) -> None:
-        rt = self.config.runtime
-        kwargs: dict[str, Any] = {}
-        if self.config.spark is not None:
-            from .spark import plan  # the Spark wiring; pyspark itself stays in the stages
-
-            spark = plan(self.config.spark, runtime_dir=rt.dir, state_dir=rt.state_dir,
-                         log_env=self._stage_env("spark"))
-            kwargs.update(spark_child=spark.child, committer_env=spark.committer_env,
-                          spark_settings=spark.settings)
-        self._build_kwargs = kwargs
-        self.topology = self.topology_of(self.config)
-        self._spark_settings = kwargs.get("spark_settings")
-        #: stage id -> its StageSpec payload after a reload (restarts use the new values)
-        self.payloads: dict[str, str] = {}
-        self.stop_budget = stopbudget.total(self.config.pipeline.shutdown_timeout,
-                                            self.topology.root)
-        self.reactions = reactions_mod.Reactions(
-            self.topology, self.config.processors[topo_mod.PROCESSOR_KEY].max_crashes)
-        self.terminator = Terminator(self.topology)
-        self.board = status_mod.Board(self.topology)
-
-    def topology_of(self, config: Config) -> topo_mod.Topology:
-        """The tree of ``config``, wired as this daemon's (the one Spark server)."""
-        return topo_mod.build(config, stage_env=self._stage_env, **self._build_kwargs)
+    @property
+    def config(self) -> Config:
+        """The running config (a ``scale`` or a reload changes it)."""
+        return self.state.config
 
     @property
     def stopping(self) -> bool:
@@ -160,71 +82,17 @@ class Daemon:
         return self._stop.is_set()
 
     def _stage_env(self, stage_id: str) -> dict[str, str]:
-        env = {logs.LEVEL_ENV: self.config.runtime.log_level,
-               logs.FORMAT_ENV: self.config.runtime.log_format}
-        payload = getattr(self, "payloads", {}).get(stage_id)
-        if payload is not None:
-            env[STAGE_ENV] = payload
-        return env
+        """What every stage's environment adds to its spec: the running config's log
+        settings (a reload's log level reaches the stages started from then on)."""
+        state: PipelineState | None = getattr(self, "state", None)
+        rt = (state.config if state is not None else self._first_config).runtime
+        return {logs.LEVEL_ENV: rt.log_level, logs.FORMAT_ENV: rt.log_format}
 
-    # -- reload -------------------------------------------------------------------------------
     async def reload(self, why: str = "reload") -> dict:
-        """Re-read the config file; apply what may change live, or refuse it all (one line
-        naming the key) and leave the pipeline untouched (:mod:`.reload`)."""
-        answer = await self._reload(why)
+        """Re-read the config file and apply it (:mod:`.reloader`); on the timeline."""
+        answer = await reloader.reload(self.state, self.tree, self, self.resizer, why)
         self.timeline.add("reload", why, answer.get("applied") or answer.get("error", ""))
         return answer
-
-    async def _reload(self, why: str) -> dict:
-        from .config import ConfigError, load_config
-
-        try:
-            from_file = load_config(self.config.path).config
-            # a live `scale` outlives a reload that did not change that key in the file
-            new = reload_mod.keep_live(self.file_config, from_file, self.config)
-            changes = reload_mod.plan(self.config, new)
-        except (ConfigError, reload_mod.ReloadRefused) as exc:
-            log.error("%s refused: %s", why, exc)
-            return {"ok": False, "error": f"reload refused: {exc}"}
-        except OSError as exc:
-            log.error("%s refused: cannot read %s: %s", why, self.config.path, exc)
-            return {"ok": False, "error": f"reload refused: cannot read {self.config.path}: "
-                                          f"{exc}"}
-        resizes = resize_mod.requests(self.config, new)
-        if resizes and (self.stopping or self.terminator.draining):
-            log.error("%s refused: the pipeline is stopping", why)
-            return {"ok": False, "error": "reload refused: the pipeline is stopping"}
-        batchers: set[str] = set()
-        for key, _old, value in changes.changes:
-            if key.endswith(".concurrency"):
-                continue              # a resize, below
-            if key == "producer.rate_limit":
-                assert self.rate_limit is not None
-                self.rate_limit.set(value)
-            elif key == "runtime.log_level":
-                logging.getLogger().setLevel(value.upper())
-                log.log(logging.getLevelName(value.upper()), "log level %s (%s)", value, why)
-                self.send([reactions_mod.Send(sid, commands.LogLevel(value))
-                            for sid in self.topology.stages])
-            else:                     # batchers.<key>.batch_size / batch_timeout
-                batchers.add(key.split(".")[1])
-        self.send([reactions_mod.Send(topo_mod.batcher_id(key), commands.Batching(
-            new.batchers[key].batch_size, new.batchers[key].batch_timeout))
-            for key in sorted(batchers)])
-        if resizes:
-            # the new specs carry every reloaded value to the stages started from now on
-            done = await self.resizer.resize(new, why)
-            if not done["ok"]:
-                return {"ok": False, "error": f"reload: {done['error']}"}
-            self.file_config = from_file
-        else:
-            self.file_config = from_file
-            self.config = new
-            # stages restarted from now on start with the new values
-            fresh = topo_mod.build(new, spark_settings=self._spark_settings)
-            self.payloads = {w.id: w.env()[STAGE_ENV] for w in _workers(fresh.root)}
-        log.info("%s: %s", why, changes.describe())
-        return {"ok": True, "applied": changes.describe()}
 
     def _on_sighup(self) -> None:
         task = asyncio.ensure_future(self.reload("SIGHUP reload"))
@@ -232,52 +100,29 @@ class Daemon:
         task.add_done_callback(self._background.discard)
 
     def on_report(self, stage_id: str, report: commands.Report) -> None:
-        """A stage's report: its figures for status and the totals, and the terminator's
-        inputs."""
-        if isinstance(report, (commands.Stats, commands.Done, commands.Settled,
-                               commands.Left)) and \
-                "pid" in report.stats:
-            self.board.record(stage_id, report.stats)
-        t = self.terminator
-        if isinstance(report, commands.Idle):
-            if t.idle_report(stage_id, report.idle) and self.until_idle:
-                self._idle_event.set()
-        elif isinstance(report, commands.Done):
-            t.report_done(stage_id)
-            self._progress.set()
-        elif isinstance(report, commands.Settled):
-            t.report_settled(stage_id)
-            self._progress.set()
-        elif isinstance(report, commands.Hello):
-            self.send(t.hello(stage_id))
-        elif isinstance(report, commands.Left) and self.resizer.report_left(stage_id):
-            self.reactions.left(stage_id)
-            self._progress.set()
+        """A stage's report: the state takes it (:meth:`PipelineState.report`)."""
+        self._effects(self.state.report(stage_id, report))
 
     def on_event(self, event: object) -> None:
-        """Supervision events: the pure reactions (:mod:`.reactions`) decide, this sends."""
+        """Supervision events: the state decides (:meth:`PipelineState.supervision`); the
+        shell reads the blame record, marks the dead's metrics and sends."""
         record = None
         self.timeline.supervision(event)
         if isinstance(event, ChildExited):
             if self.metrics_server is not None:
                 metrics.process_dead(event.pid, self.metrics_dir)
-            self.terminator.exited(event.child_id)
-            if event.child_id in self.reactions.blamed:
+            if event.child_id in self.state.reactions.blamed:
                 record = read_blame(self.config.runtime.dir, event)
-        # asked before the reactions forget what the cascade lost
-        handed_back = isinstance(event, Restarting) and self.reactions.hands_back(
-            event.children)
-        sends = self.reactions.on_event(event, record)
-        if handed_back and self.terminator.draining:
-            # what the dead stages held went back to the source (requeued by the live
-            # producers, or taken back by restarting ones: a Spark server's restart takes
-            # every producer along): the drain cannot end with every message acked; it
-            # stops waiting (see _run_again)
-            self.terminator.requeued()
-            self._progress.set()
-        self.send(sends)
+        self._effects(self.state.supervision(event, record))
 
-    def send(self, sends: list[reactions_mod.Send]) -> None:
+    def _effects(self, effects: Effects) -> None:
+        if effects.idle and self.until_idle:
+            self._idle_event.set()
+        if effects.progress:
+            self.drainer.progress.set()
+        self.send(effects.sends)
+
+    def send(self, sends: list[Send]) -> None:
         for s in sends:
             if not self.hub.send(s.stage, s.command):
                 # the stage is not connected to the hub: it is down or starting.  A requeue
@@ -292,7 +137,7 @@ class Daemon:
     # -- run --------------------------------------------------------------------------------
     async def run(self) -> int:
         rt = self.config.runtime
-        prepare_private_dir(rt.dir)
+        runlock.prepare_private_dir(rt.dir)
         lock = runlock.acquire(rt.dir)   # first: a second daemon on this dir touches nothing
         try:
             return await self._run()
@@ -306,9 +151,10 @@ class Daemon:
         try:
             # the HTTP thread reads a copy refreshed on the loop, never the live tree
             self.metrics_server = metrics.serve(self.config.metrics.listen, self.metrics_dir,
-                                                self.config.pipeline.name, lambda: self.tree_copy,
+                                                self.config.pipeline.name, lambda: self.tree.copy,
                                                 rate_limit=self.rate_bucket,
-                                                wrap=lambda app: web.Page(self, self.timeline, app))
+                                                wrap=lambda app: web.Page(
+                                                    self.status, self.state, self.timeline, app))
         except metrics.ListenError:
             shutil.rmtree(self.metrics_dir, ignore_errors=True)
             raise
@@ -320,10 +166,15 @@ class Daemon:
     async def _run(self) -> int:
         rt = self.config.runtime
         os.makedirs(rt.state_dir, mode=0o700, exist_ok=True)
-        self._build()
         self.metrics_server = None
-        self.root = Supervisor(self.topology.root, on_event=self.on_event)
-        self.tree_copy: dict = self.root.snapshot()
+        self.root = Supervisor(self.state.topology.root, on_event=self.on_event)
+        self.tree = TreeHandle(self.root)
+        self.drainer = Drainer(self.state, self.tree, self.notifier, self.send,
+                               self._stop.is_set, self.until_idle)
+        #: carries out resizes (offbroadway scale, a reload's concurrency)
+        self.resizer = Resizer(self.state, self.tree, self)
+        #: the control socket's verbs (offbroadway status, stop, restart, drain...)
+        self.operator = Operator(self.state, self.tree, self, self.resizer)
         if self.config.metrics.listen:
             self._serve_metrics()
         # before any producer starts: each maps it at setup
@@ -362,27 +213,18 @@ class Daemon:
                 if waits[first] == "idle":
                     log.info("pipeline %s: source exhausted; draining (what is in flight is "
                              "written and acked first)", name)
-                await self.drain()
+                await self.drainer.drain()
                 if self._stop.is_set() or not self.until_idle:
                     return 0   # a stop: what is not done stays unacked, delivered again
-                if self.terminator.phase is Phase.REQUEUED:
-                    await self._run_again()
+                if self.state.terminator.phase is Phase.REQUEUED:
+                    self._idle_event.clear()
+                    await self.drainer.run_again()
                     continue
-                if self.terminator.phase is Phase.EXPIRED:
-                    # --until-idle promises every message written and acked: say that it
-                    # was not, and exit non-zero (nothing is lost: the source keeps them)
-                    log.error("pipeline %s: --until-idle: the drain did not finish within "
-                              "shutdown_timeout %gs; what was in flight stays unacked at the "
-                              "source and is delivered again at the next run; exiting 1",
-                              name, self.config.pipeline.shutdown_timeout)
-                    self.notifier.status("drain incomplete")
-                    return outcome_mod.EXIT_UNACKED
-                assert self._outcome is not None   # drain() took the books
-                return self._until_idle_exit(self._outcome)
+                return self.drainer.until_idle_exit()
         finally:
             self.notifier.stopping()
-            self._announce_stop()
-            await self._stop_tree()
+            self.drainer.announce_stop()
+            await self.drainer.stop_tree(self.root)
             if self._housekeeping_task is not None:
                 self._housekeeping_task.cancel()
             self.timeline.close()         # the page's open streams end
@@ -395,29 +237,11 @@ class Daemon:
                 self.rate_limit.remove()
             log.info("pipeline %s stopped", name)
 
-    async def _run_again(self) -> None:
-        """``--until-idle`` promises an exit once every message is written and acked.  A
-        stage that died during the drain had its messages requeued at the source, where the
-        drained producers would leave them: the pipeline (producers and all after them; a
-        Spark server stays) is restarted out of the drain and runs until idle again."""
-        log.warning("pipeline %s: a stage died during the drain and its messages went back "
-                    "to the source; running again until idle, so that every message is "
-                    "written and acked before exiting", self.config.pipeline.name)
-        drained = self.terminator.reset()
-        self._idle_event.clear()
-        if drained:
-            # stages still in drain mode would leave the requeued messages at the source
-            first = self.topology.root.children[1 if self.topology.spark else 0].id
-            await self.root.restart_subtree_or_child(first)
-        # else every drained stage is gone (a Spark server's restart takes the whole
-        # pipeline along): their successors start undrained, no second restart needed
-        self.notifier.status("running (again after a crash during the drain)")
-
     async def _start_unless_stopped(self) -> bool:
         """Start the tree; a stop asked for meanwhile (a Spark server takes seconds to come
         up) stops what has started instead of first bringing the whole pipeline up."""
         name = self.config.pipeline.name
-        window = self.topology.window
+        window = self.state.topology.window
         if window is not None and window.note:
             log.log(logging.WARNING if window.waits else logging.INFO, "pipeline %s: %s",
                     name, window.note)
@@ -443,20 +267,20 @@ class Daemon:
     def _announce_up(self) -> None:
         """Say the pipeline is up only once its sources are connected; until then, say what
         it waits for (the sources log each retry themselves)."""
-        if self._announced_up or self.terminator.draining:
+        if self._announced_up or self.state.terminator.draining:
             return
         name = self.config.pipeline.name
-        reported = self.board.all_reported()
-        down = self.board.sources_down()
+        reported = self.state.board.all_reported()
+        down = self.state.board.sources_down()
         if reported and not down:
             self._announced_up = True
-            log.info("pipeline %s is up: %d stages", name, len(self.topology.stages))
+            log.info("pipeline %s is up: %d stages", name, len(self.state.topology.stages))
             if self._said_waiting:
                 self.notifier.status(f"pipeline {name} running")
         elif down and not self._said_waiting:
             self._said_waiting = True
             log.warning("pipeline %s: %d stages started, not up: waiting for its source "
-                        "(%s)", name, len(self.topology.stages), "; ".join(down))
+                        "(%s)", name, len(self.state.topology.stages), "; ".join(down))
             self.notifier.status(f"pipeline {name} waiting for its source")
 
     def _remove_sockets(self) -> None:
@@ -474,28 +298,10 @@ class Daemon:
         """Once a second: systemd's watchdog ping and the tree copy /metrics reads."""
         interval = min(1.0, self.notifier.watchdog_interval() or 1.0)
         while True:
-            self.tree_copy = self.root.snapshot()
+            self.tree.refresh()
             self.notifier.watchdog()
             self._announce_up()
             await asyncio.sleep(interval)
-
-    def _announce_stop(self) -> None:
-        """Tell systemd once, in full, how long this stop may take (the stop budget)."""
-        if self._stop_deadline is None:
-            self._stop_deadline = time.monotonic() + self.stop_budget
-            self.notifier.extend_timeout(self.stop_budget)
-
-    async def _stop_tree(self) -> None:
-        """Stop the tree within what is left of the budget; past it, SIGKILL the rest."""
-        assert self._stop_deadline is not None
-        left = self._stop_deadline - time.monotonic() - stopbudget.MARGIN
-        try:
-            await asyncio.wait_for(asyncio.shield(self.root.stop()), max(left, 0.1))
-        except TimeoutError:
-            log.error("stop budget of %.0fs spent: SIGKILL to every stage still running",
-                      self.stop_budget)
-            self.root.kill_now()
-            await self.root.stop()
 
     def request_stop(self, why: str = "stop") -> None:
         """First request: drain.  Later ones say what is going on; a third Ctrl-C (SIGINT:
@@ -518,128 +324,18 @@ class Daemon:
                         "flight, up to shutdown_timeout %gs); %s more stops at once",
                         why, self.config.pipeline.shutdown_timeout,
                         "once" if self._interrupts == 2 else "twice")
-        elif not self._abort:
+        elif not self.drainer.abort:
             log.warning("%s received a third time: stopping now; messages in flight stay "
                         "unacked at the source and are delivered again", why)
-            self._abort = True
-            self._progress.set()
+            self.drainer.cut_short()
 
-    # -- the terminator ---------------------------------------------------------------------
-    async def drain(self) -> None:
-        """Broadway's shutdown cascade (:mod:`.terminator`), bounded by
-        ``pipeline.shutdown_timeout``."""
-        timeout = self.config.pipeline.shutdown_timeout
-        deadline = time.monotonic() + timeout
-        self.notifier.stopping()
-        self._announce_stop()
-        self.notifier.status("draining")
-        t = self.terminator
-        began = time.monotonic()
-        self.send(t.begin())
-        if not await self.wait_for(lambda: t.ended, deadline):
-            # the deadline, or a third Ctrl-C: say which, and after how long it really was
-            why = ("stopped at once (third Ctrl-C)" if self._abort else
-                   f"shutdown_timeout {timeout:g}s passed")
-            for line in t.expire():
-                log.warning("drain: %s after %.1fs: %s", why, time.monotonic() - began, line)
-        if t.phase is Phase.REQUEUED and self.until_idle and not self._stop.is_set():
-            return   # not complete: run again (see _run_again)
-        log.info("drain complete" if t.phase is Phase.COMPLETE else
-                 "drain cut short by a third Ctrl-C" if self._abort else
-                 "drain ended at shutdown_timeout")
-        if t.phase is Phase.COMPLETE and self.until_idle:
-            # the exit code reads the books.  A source that settles through an I/O thread
-            # of its own (NATS) can still count its last acks as owed in the report that
-            # said "settled": its next report, within a tick, has them
-            await self.wait_for(lambda: not self.outcome().unacked,
-                                time.monotonic() + SETTLE_GRACE)
-        for p in self.topology.producers:
-            # the books of each source as its producer last reported them (the settled
-            # report when it settled): what an operator checks after a stop
-            src = self.board.source(p)
-            if src:
-                log.info("%s: source %s fetched %s, acked %s, failed %s, unacked %s", p,
-                         src.get("source"), src.get("fetched"), src.get("acked"),
-                         src.get("failed"), src.get("unacked"))
-        self._outcome = self.outcome()
-        for line in self._outcome.lines():
-            print(line, flush=True)
-
-    def outcome(self) -> outcome_mod.Outcome:
-        """The run's books as the stages last reported them (:mod:`.outcome`): rows
-        committed per Spark batcher (those a resize or a restart removed too), messages
-        acked and failed, and what the sources still owe."""
-        t, board = self.topology, self.board
-        written = []
-        spark = self.config.spark
-        if spark is not None:
-            stages = board.totals.stages()
-            for key in self.config.batchers:
-                # every batch processor that ever reported, those a resize removed too
-                bps = [s for s in stages if topo_mod.role_of(s) == topo_mod.BATCH_PROCESSOR
-                       and topo_mod.key_of(s) == key]
-                committer = [topo_mod.committer_id(key)]
-                written.append(outcome_mod.Written(
-                    key, board.sum(committer, "out"), board.sum(bps, "out"),
-                    board.sum(committer, "already_written")))
-        failed = board.sum(t.producers, "failed")
-        retried = sum(int(board.source(p).get("failure_requeued",
-                                               board.source(p).get("naked", 0)) or 0)
-                      for p in t.producers)
-        return outcome_mod.Outcome(
-            self.config.pipeline.name, acked=board.sum(t.producers, "acked"), failed=failed,
-            unacked=sum(int(board.source(p).get("unacked") or 0) for p in t.producers),
-            failed_to=board.failed_to() if failed else "", failures_retried=retried,
-            written=written,
-            output=spark.output if spark is not None else "",
-            table=spark.table if spark is not None else "",
-            fmt=spark.format if spark is not None else "")
-
-    def _until_idle_exit(self, books: outcome_mod.Outcome) -> int:
-        """``--until-idle`` after a complete drain: the exit code the books call for."""
-        code, line = books.until_idle_exit()
-        if line:
-            log.error("pipeline %s: %s", self.config.pipeline.name, line)
-            self.notifier.status("messages left unacked" if code == outcome_mod.EXIT_UNACKED
-                                 else "some messages failed")
-        return code
-
-    async def wait_for(self, predicate, deadline: float) -> bool:
-        while not predicate():
-            if self._abort:
-                return False
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            self._progress.clear()
-            try:
-                await asyncio.wait_for(self._progress.wait(), min(remaining, 0.5))
-            except TimeoutError:
-                pass
-        return True
+    def wait_for(self, predicate: Callable[[], bool], deadline: float) -> Awaitable[bool]:
+        """Until ``predicate()``, the deadline or a third Ctrl-C (:meth:`Drainer.wait_for`)."""
+        return self.drainer.wait_for(predicate, deadline)
 
     def status(self) -> dict:
-        """``{"pipeline": NAME, "tree": NODE}`` per the interface contract (§10), and the
-        daemon's own figures (:mod:`.status`)."""
-        draining = self.terminator.draining
-        tree = self.board.tree(self.root.snapshot(), "draining" if draining else "running")
-        producers = self.topology.producers
-        return {"pipeline": self.config.pipeline.name, "tree": tree,
-                "draining": draining, "paused": self.operator.paused,
-                "rate_limit": ratelimit.describe(self.rate_bucket()),
-                "stopping": self._stop.is_set(), "pid": os.getpid(),
-                "uptime": time.time() - self.started_at,
-                "acked": self.board.sum(producers, "acked"),
-                "failed": self.board.sum(producers, "failed"),
-                "failed_to": self.board.failed_to(),
-                "sources_down": self.board.sources_down(),
-                # a resize under way: the stages it removes that are finishing what they hold
-                "leaving": self.resizer.still_leaving()}
-
-
-def _workers(node: Any) -> list:
-    """The worker specs of a supervision tree, depth first."""
-    children = getattr(node, "children", None)
-    if children is None:
-        return [node]
-    return [w for c in children for w in _workers(c)]
+        """What ``offbroadway status`` answers (:meth:`PipelineState.status`)."""
+        return self.state.status(
+            self.root.snapshot(), paused=self.operator.paused,
+            rate_limit=ratelimit.describe(self.rate_bucket()), stopping=self._stop.is_set(),
+            pid=os.getpid(), uptime=time.time() - self.started_at)

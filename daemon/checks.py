@@ -134,7 +134,7 @@ def check_spark(config: Config) -> list[str]:
 
 def _check_private(key: str, path: str) -> None:
     """An existing runtime dir must be ours and closed to others: the sockets that steer
-    the daemon live there (the daemon refuses it at start too, ``app.prepare_private_dir``)."""
+    the daemon live there (the daemon refuses it at start too, ``runlock.prepare_private_dir``)."""
     import stat
 
     if not os.path.isdir(path):

@@ -57,7 +57,7 @@ def _fail(message: str, code: int = 1) -> NoReturn:
 
 def cmd_check(args: argparse.Namespace) -> int:
     config, notes = _load(args.config, full=True)
-    from .app import stop_budget
+    from .pipeline import stop_budget
 
     print(f"{args.config}: ok (pipeline {config.pipeline.name}; a stop takes at most "
           f"{stop_budget(config):.0f} s)")

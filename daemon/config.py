@@ -491,15 +491,14 @@ def socket_paths(config: Config) -> dict[str, str]:
     """Every unix socket the daemon and its stages bind → the config key that shapes its
     name (``runtime.dir`` for the fixed names, ``batchers.<key>`` for a batcher's stages).
 
-    Computed from the topology the daemon builds, so a new stage or a longer name can never
-    outgrow a length assumed here.
+    Every stage id comes from :func:`.names.pipeline_ids`, which the topology's own lists
+    are built with, so a new stage or a longer name can never outgrow a length assumed
+    here; validation does not build the tree (the topology imports this module).
     """
     from offbroadway.stages.runtime.spec import HUB
 
     from .control import CONTROL_SOCKET
-    from .topology import build
 
-    topo = build(config, sized=False)
     rdir = config.runtime.dir
     out = {os.path.join(rdir, CONTROL_SOCKET): "runtime.dir",
            os.path.join(rdir, f"{HUB}.sock"): "runtime.dir"}
@@ -508,7 +507,10 @@ def socket_paths(config: Config) -> dict[str, str]:
         owner[names.batcher_id(key)] = f"batchers.{key}"
         for bp in names.batch_processor_ids(key, config.batchers[key].concurrency):
             owner[bp] = f"batchers.{key}"
-    for sid in topo.stages:
+    stages = names.pipeline_ids(
+        config.producer.concurrency, {k: p.concurrency for k, p in config.processors.items()},
+        {k: b.concurrency for k, b in config.batchers.items()}, config.spark is not None)
+    for sid in stages:
         out[os.path.join(rdir, f"{sid}.sock")] = owner.get(sid, "runtime.dir")
     return out
 
@@ -567,16 +569,3 @@ def load_config(path: str) -> Loaded:
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"not valid TOML: {exc}") from None
     return validate(raw, os.path.abspath(path))
-
-
-#: what ``preflight`` checks lives in :mod:`.checks` (it looks at the machine and imports
-#: user code; validation does neither); these names stay importable from here
-_CHECKS = ("check_handler", "check_source", "check_spark", "find_java", "preflight")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _CHECKS:
-        from . import checks
-
-        return getattr(checks, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,8 +13,9 @@ spell it the same way.  The shapes are::
 A key may itself contain ``_`` (batcher keys are letters, digits, ``_`` and ``-``): the
 index is always the last ``_``-separated part, so an id reads back unambiguously.
 
-This module imports nothing, so the config's validation can name stages without importing
-the topology (which imports the config); :mod:`.topology` re-exports it.
+This module imports nothing, so the config's validation can name the stages' sockets
+without building the topology (which imports the config); :mod:`.topology` builds every
+id of its tree here.
 """
 
 from __future__ import annotations
@@ -94,6 +95,19 @@ def processor_ids(key: str, n: int) -> list[str]:
 def batch_processor_ids(key: str, n: int) -> list[str]:
     """The ids of batcher ``key``'s ``n`` batch processors, in index order."""
     return [batch_processor_id(key, i) for i in range(n)]
+
+
+def pipeline_ids(producers: int, processors: dict[str, int], batchers: dict[str, int],
+                 committers: bool) -> list[str]:
+    """Every stage id of a pipeline of that shape (``processors`` and ``batchers``: key ->
+    concurrency; ``committers``: a Spark sink), in :attr:`.topology.Topology.stages`' order.
+    The topology's lists are built by the same functions, and the config's validation asks
+    this for the socket paths without building the tree."""
+    return (producer_ids(producers)
+            + [s for key, n in processors.items() for s in processor_ids(key, n)]
+            + ([committer_id(key) for key in batchers] if committers else [])
+            + [batcher_id(key) for key in batchers]
+            + [s for key, n in batchers.items() for s in batch_processor_ids(key, n)])
 
 
 def parse(sid: str) -> StageName | None:

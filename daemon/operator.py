@@ -2,9 +2,11 @@
 rate-limit, scale.
 
 :mod:`.control` carries the requests (one JSON object per connection); this module
-answers them, one method per verb (:data:`Operator.VERBS`), acting on the daemon through
-what it already exposes: the supervision tree, the reactions (an operator's restart is the
-cascade a crash would be), the hub's commands and the reload.  A new verb is a method and
+answers them, one method per verb (:data:`Operator.VERBS`), acting on the running pipeline
+(:class:`.pipeline.PipelineState`: the reactions, for which an operator's restart is the
+cascade a crash would be), its tree (:class:`.pipeline.TreeHandle`), the resizer and the
+few things of the daemon's shell it needs (:class:`.pipeline.Shell`: the hub's commands,
+the reload, the stop).  A new verb is a method and
 a line in ``VERBS``.  Every answer is ``{"ok": bool, ...}``; a refusal says why in one line.
 """
 
@@ -14,17 +16,15 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 from offbroadway.stages.flow import ratelimit
 from offbroadway.stages.wire import commands
 from offbroadway.supervision import SupervisionError
 
+from .pipeline import PipelineState, Shell, TreeHandle
 from .reactions import Send
+from .resizer import Resizer
 from .status import TERMINATOR, nodes
-
-if TYPE_CHECKING:
-    from .app import Daemon
 
 log = logging.getLogger("offbroadway.daemon")
 
@@ -48,8 +48,12 @@ def _restarted(child_id: str, restarted: list[str], requeued: int) -> str:
 
 
 class Operator:
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
+    def __init__(self, state: PipelineState, tree: TreeHandle, shell: Shell,
+                 resizer: Resizer) -> None:
+        self.state = state
+        self.tree = tree
+        self.shell = shell
+        self.resizer = resizer
         #: drained by ``offbroadway drain``: producers fetch nothing until ``resume``
         self.paused = False
 
@@ -64,48 +68,48 @@ class Operator:
             words = [w for k in ("child", "args", "limit") if k in req
                      for w in (req[k] if isinstance(req[k], list) else [req[k]])]
             args = " ".join(map(str, words))
-            self.daemon.timeline.add("operator", f"offbroadway {req['cmd']} {args}".strip(),
+            self.shell.timeline.add("operator", f"offbroadway {req['cmd']} {args}".strip(),
                                      answer.get("error") or answer.get("message") or "")
         return answer
 
     async def status(self, req: dict) -> Answer:
-        return {"ok": True, "status": self.daemon.status()}
+        return {"ok": True, "status": self.shell.status()}
 
     async def stop(self, req: dict) -> Answer:
-        self.daemon.request_stop("offbroadway stop")
+        self.shell.request_stop("offbroadway stop")
         return {"ok": True, "pid": os.getpid()}
 
     async def restart(self, req: dict) -> Answer:
-        d = self.daemon
+        state, tree, shell = self.state, self.tree, self.shell
         child_id = str(req.get("child", ""))
         if child_id == TERMINATOR:
             return {"ok": False, "error": "terminator runs inside the daemon; nothing to restart"}
-        if d.root.find(child_id) is None:
-            ids = [n["id"] for n in nodes(d.root.snapshot())][1:]
+        if tree.find(child_id) is None:
+            ids = [n["id"] for n in nodes(tree.snapshot())][1:]
             return {"ok": False, "error": f"no child with id {child_id!r}; children: "
                     f"{', '.join(ids)}"}
-        if child_id in d.resizer.leaving:
+        if state.is_leaving(child_id):
             return {"ok": False, "error": f"{child_id} is leaving the pipeline (a resize "
                     f"removes it); nothing to restart"}
         # the same cascade as a crash of child_id (a processor's restart goes through
         # ProcessorSupervisor, so the batchers restart too), with one requeue
-        before = _worker_pids(d.root.snapshot())
-        producers = d.topology.producers
-        requeued = {p: d.board.totals.total(p, "requeued") for p in producers}
-        held = {p: int(d.board.stats.get(p, {}).get("inflight") or 0) for p in producers}
+        before = _worker_pids(tree.snapshot())
+        producers = state.topology.producers
+        requeued = {p: state.board.totals.total(p, "requeued") for p in producers}
+        held = {p: int(state.board.stats.get(p, {}).get("inflight") or 0) for p in producers}
         try:
-            await d.root.restart_subtree_or_child(d.reactions.operator_restart(child_id))
+            await tree.restart(state.reactions.operator_restart(child_id))
         except SupervisionError as exc:   # stopping, or a supervisor already gave up
             return {"ok": False, "error": f"cannot restart {child_id}: {exc}"}
-        after = _worker_pids(d.root.snapshot())
+        after = _worker_pids(tree.snapshot())
         restarted = [w for w, pid in after.items() if w in before and pid != before[w]]
         # the requeue went out with the cascade's Restarting; each live producer's next
         # report, a tick at most after the restart, has handed it back
         done = time.time()
         live = [p for p in producers if p not in restarted]
-        await d.wait_for(lambda: all(d.board.stats.get(p, {}).get("at", 0) > done
-                                     for p in live), time.monotonic() + REPORT_WAIT)
-        handed = sum(d.board.totals.total(p, "requeued") - requeued[p] for p in live)
+        await shell.wait_for(lambda: all(state.board.stats.get(p, {}).get("at", 0) > done
+                                         for p in live), time.monotonic() + REPORT_WAIT)
+        handed = sum(state.board.totals.total(p, "requeued") - requeued[p] for p in live)
         # a restarted producer's source takes back what it had in flight itself
         handed += sum(held[p] for p in producers if p in restarted)
         message = _restarted(child_id, restarted, handed)
@@ -118,9 +122,9 @@ class Operator:
         self.paused = True
         log.info("drain requested: producers stop fetching, what is in flight finishes; "
                  "resume to fetch again")
-        t = self.daemon.topology
-        self.daemon.send([Send(p, commands.Pause()) for p in t.producers] +
-                         [Send(b, commands.Flush()) for b in t.batchers])
+        t = self.state.topology
+        self.shell.send([Send(p, commands.Pause()) for p in t.producers] +
+                        [Send(b, commands.Flush()) for b in t.batchers])
         return {"ok": True, "message": "draining: nothing new is fetched until resume"}
 
     async def resume(self, req: dict) -> Answer:
@@ -128,30 +132,30 @@ class Operator:
             return {"ok": True, "message": "nothing to resume: the pipeline was not drained"}
         self.paused = False
         log.info("resume requested: producers fetch again")
-        self.daemon.send([Send(p, commands.Resume()) for p in self.daemon.topology.producers])
+        self.shell.send([Send(p, commands.Resume()) for p in self.state.topology.producers])
         return {"ok": True, "message": "resumed: fetching again"}
 
     async def reload(self, req: dict) -> Answer:
-        return await self.daemon.reload("offbroadway reload")
+        return await self.shell.reload("offbroadway reload")
 
     async def scale(self, req: dict) -> Answer:
         """``offbroadway scale processors N`` / ``batch_processors KEY N`` (:mod:`.resize`)."""
-        return await self.daemon.resizer.scale(req.get("args"))
+        return await self.resizer.scale(req.get("args"))
 
     async def rate_limit(self, req: dict) -> Answer:
         """Read the pipeline's rate limit, or change it (``limit``: "N/SECONDS" or "off");
         a change starts a fresh window at once."""
-        d = self.daemon
+        shell = self.shell
         if "limit" in req:
             try:
                 limit = ratelimit.parse(str(req["limit"]))
             except ValueError as exc:
                 return {"ok": False, "error": str(exc)}
-            assert d.rate_limit is not None    # made before the control socket
-            d.rate_limit.set(limit)
+            assert shell.rate_limit is not None    # made before the control socket
+            shell.rate_limit.set(limit)
             log.info("rate limit %s (offbroadway rate-limit)",
                      f"{limit[0]} messages per {limit[1]:g}s" if limit else "off")
-        return {"ok": True, "rate_limit": ratelimit.describe(d.rate_bucket())}
+        return {"ok": True, "rate_limit": ratelimit.describe(shell.rate_bucket())}
 
     #: the control socket's ``cmd`` -> its method
     VERBS: dict[str, Callable[[Operator, dict], Awaitable[Answer]]] = {

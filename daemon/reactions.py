@@ -19,7 +19,8 @@ takes what it held with it, so the producers hand everything in flight back to t
   restarts nothing, so no :class:`Restarting` follows: its exits hand nothing back (each
   stage finished or gave back what it held before exiting).
 * **An operator's restart is the same cascade as a crash** of that child:
-  :func:`restart_target` names the node whose restart a crash amounts to (a processor's is
+  :meth:`~offbroadway.supervision.tree.SpecTree.crash_target` (the supervisors' own
+  answer) names the node whose restart a crash amounts to (a processor's is
   ``ProcessorSupervisor``'s, by escalation), the daemon restarts that, and the same
   :class:`Restarting` brings the same single requeue, without blame.
 * **Poison blame.**  A processor that died on its own names what it was running (its blame
@@ -53,8 +54,7 @@ from offbroadway.stages.poison.blame import Blame
 from offbroadway.stages.runtime.spec import StageSpec
 from offbroadway.stages.wire import commands
 from offbroadway.supervision import ChildExited, ChildStarted, Restarting
-from offbroadway.supervision.spec import ChildSpec, SupervisorSpec, WorkerSpec
-from offbroadway.supervision.strategy import affected
+from offbroadway.supervision.tree import SpecTree
 
 from .poison import Quarantine
 from .topology import Topology
@@ -68,70 +68,19 @@ class Send:
     command: commands.Command
 
 
-class Tree:
-    """Parent links and worker lists of a supervision spec tree (read-only)."""
-
-    def __init__(self, root: SupervisorSpec) -> None:
-        self.root = root
-        self.parent: dict[str, SupervisorSpec] = {}
-        self.node: dict[str, ChildSpec] = {root.id: root}
-        todo = [root]
-        while todo:
-            sup = todo.pop()
-            for child in sup.children:
-                self.parent[child.id] = sup
-                self.node[child.id] = child
-                if isinstance(child, SupervisorSpec):
-                    todo.append(child)
-
-    def workers(self, ids: Iterable[str]) -> list[str]:
-        out: list[str] = []
-        for cid in ids:
-            spec = self.node[cid]
-            if isinstance(spec, WorkerSpec):
-                out.append(cid)
-            else:
-                out.extend(self.workers(c.id for c in spec.children))
-        return out
-
-
-def restart_target(tree: Tree, child_id: str) -> str:
-    """The node whose restart by its parent is what a crash of ``child_id`` amounts to: a
-    supervisor that allows no restart (max_restarts 0) gives up at once and its parent
-    applies its own strategy to it, as OTP escalates.  An operator's restart of
-    ``child_id`` restarts this node, so it causes the same cascade as the crash."""
-    node = child_id
-    while node in tree.parent:
-        parent = tree.parent[node]
-        if parent.max_restarts != 0 or parent.id not in tree.parent:
-            break
-        node = parent.id
-    return node
-
-
-def cascade(tree: Tree, child_id: str) -> list[str]:
-    """The workers that stop and start again when ``child_id`` crashes (or when an operator
-    restarts it)."""
-    node = restart_target(tree, child_id)
-    if node not in tree.parent:
-        return tree.workers([node])   # the root: everything
-    parent = tree.parent[node]
-    return tree.workers(affected(parent.strategy, [c.id for c in parent.children], node))
-
-
 class Reactions:
     """The state the reactions need: which stages are up, what was lost since the last
     requeue, and the poison blame that goes with it."""
 
     def __init__(self, topology: Topology, max_crashes: int = 0) -> None:
         self.topology = topology
-        self.tree = Tree(topology.root)
+        self.tree = SpecTree(topology.root)
         self.alive: set[str] = set()
         #: downstream stages that exited since the last requeue (their messages are lost)
         self.lost: list[str] = []
         #: the stages that run messages straight from the sources (the processors): the
         #: ones whose death is blamed on what they ran, and that suspects wait for
-        self.blamed = {c for p in topology.sources for c in topology.consumers(p)}
+        self.blamed = set(topology.first)
         self.poison = Quarantine(max_crashes, self.blamed)
         #: stages a resize is removing (not in :attr:`topology` any more), with their spec
         self.leaving: dict[str, StageSpec] = {}
@@ -150,16 +99,19 @@ class Reactions:
         old = self.topology
         for stage in set(old.specs) - set(topology.specs):
             self.leaving[stage] = old.specs[stage]
-        self.blamed = ({c for p in topology.sources for c in topology.consumers(p)}
+        self.blamed = (set(topology.first)
                        | (self.blamed & set(self.leaving)))
         self.poison.blamed = self.blamed
         self.topology = topology
-        self.tree = Tree(topology.root)
+        self.tree = SpecTree(topology.root)
 
-    def left(self, child_id: str) -> None:
-        """``child_id`` finished leaving (it holds nothing): its coming exit is planned."""
-        if child_id in self.leaving:
-            self.departed.add(child_id)
+    def left(self, child_id: str) -> bool:
+        """``child_id`` said it finished leaving (it holds nothing): its coming exit is
+        planned.  False if no resize is removing it (the report is stale)."""
+        if child_id not in self.leaving:
+            return False
+        self.departed.add(child_id)
+        return True
 
     def forget(self, stages: Iterable[str]) -> None:
         """Stages a resize removed are gone."""
@@ -209,7 +161,7 @@ class Reactions:
             return True
         sources = set(self.topology.sources)
         return any(w in sources
-                   for w in self.tree.workers(c for c in children if c in self.tree.node))
+                   for w in self.tree.workers(children))
 
     def restarting(self, supervisor_id: str, children: Iterable[str] = (),
                    reason: str = "") -> list[Send]:
@@ -217,7 +169,7 @@ class Reactions:
         whenever the sources take anything back (that requeue, or a producer restarting),
         tell the live committers (:meth:`redelivery`)."""
         self._clock += 1
-        workers = self.tree.workers(c for c in children if c in self.tree.node)
+        workers = self.tree.workers(children)
         for w in workers:
             self._restarted_at[w] = self._clock
         sources = set(self.topology.sources)
@@ -278,4 +230,4 @@ class Reactions:
     def operator_restart(self, child_id: str) -> str:
         """The node to restart when an operator asks for ``child_id``: the one a crash of
         ``child_id`` amounts to, so both cause the same cascade."""
-        return restart_target(self.tree, child_id)
+        return self.tree.restart_target(child_id)

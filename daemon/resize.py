@@ -10,16 +10,17 @@ process, so the order is tested without one (``tests/daemon/test_resize.py``).
 
 Why this order:
 
-* **The supervision tree takes the new specs first** (``change_spec``, OTP's code_change:
-  nothing starts or stops).  From then on any restart, a crash's or an operator's, builds
-  the new shape: a crash in the middle of a resize neither brings back what was being
-  removed nor forgets what was being added.
-* **The daemon's records follow** (``adopt``: the topology that the drain, the reactions
-  and status read).  A stage being removed is out of the lists at once (the drain no
-  longer waits for it, nothing new is announced to it) but keeps its role until it is
-  gone, so a crash while it leaves is still a loss, requeued as any other.
+* **The new pipeline is adopted first** (``adopt``, :func:`.pipeline.adopt`: the one way a
+  reload and a resize change the running pipeline).  The supervision tree takes the new
+  specs (``change_spec``, OTP's code_change: nothing starts or stops), so from then on any
+  restart, a crash's or an operator's, builds the new shape: a crash in the middle of a
+  resize neither brings back what was being removed nor forgets what was being added.
+  The daemon's records follow at once (the topology that the drain, the reactions and
+  status read).  A stage being removed is out of the lists (the drain no longer waits
+  for it, nothing new is announced to it) but keeps its role until it is gone, so a
+  crash while it leaves is still a loss, requeued as any other.
 * **Growing**: each new stage is started (``start``: the supervisor's ``restart_child`` of
-  the child ``change_spec`` added).  A new processor subscribes to the producers itself;
+  the child the adoption added).  A new processor subscribes to the producers itself;
   the batchers running then are told to subscribe to it (``subscribe``).  A new batch
   processor subscribes to its batcher itself.
 * **The sources' windows follow** (``window``): with RabbitMQ or NATS and the prefetch
@@ -45,18 +46,19 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from offbroadway.supervision.tree import SpecTree
+
 from .config import PROCESSOR_KEY, Config, ConfigError, check_socket_paths
-from .reactions import Tree
-from .topology import Topology, index_of
+from .names import index_of
+from .topology import Topology
 
 USAGE = "offbroadway scale processors N | offbroadway scale batch_processors KEY N"
 #: what a resize request can name
 TARGETS = ("processors", "batch_processors")
 
 #: the steps, in the vocabulary of the shell (see the module docstring)
-CHANGE_SPEC, ADOPT, START, SUBSCRIBE, LEAVE, AWAIT_LEFT, REMOVE, FORGET, WINDOW = (
-    "change_spec", "adopt", "start", "subscribe", "leave", "await_left", "remove", "forget",
-    "window")
+ADOPT, START, SUBSCRIBE, LEAVE, AWAIT_LEFT, REMOVE, FORGET, WINDOW = (
+    "adopt", "start", "subscribe", "leave", "await_left", "remove", "forget", "window")
 
 
 class ResizeRefused(ValueError):
@@ -195,7 +197,7 @@ def plan(old: Topology, new: Topology) -> list[Step]:
             raise ValueError(f"a resize cannot change the {what}")
     if old.spark != new.spark:
         raise ValueError("a resize cannot change the Spark server")
-    old_tree, new_tree = Tree(old.root), Tree(new.root)
+    old_tree, new_tree = SpecTree(old.root), SpecTree(new.root)
     added = ([s for s in new.processors if s not in old.processors]
              + [s for s in new.batch_processors if s not in old.batch_processors])
     # the highest indexes leave first: the ids that stay are 0 .. N-1
@@ -211,7 +213,7 @@ def plan(old: Topology, new: Topology) -> list[Step]:
         after = new.specs[producer].source_options.get("auto_prefetch")
         if after is not None and after != before:
             windows.append((after > (before or 0), Step(WINDOW, producer, count=after)))
-    steps = [Step(CHANGE_SPEC), Step(ADOPT)]
+    steps = [Step(ADOPT)]
     steps += [step for wider, step in windows if wider]
     for stage in added:
         steps.append(Step(START, stage, supervisor=new_tree.parent[stage].id))

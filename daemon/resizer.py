@@ -13,20 +13,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from offbroadway.stages.wire import commands
-from offbroadway.supervision import SupervisionError, Supervisor
+from offbroadway.supervision import SupervisionError
 
 from . import resize as resize_mod
-from . import stopbudget
 from . import topology as topo_mod
 from .config import Config
 from .config import warnings as config_warnings
+from .pipeline import PipelineState, Shell, TreeHandle, adopt
 from .reactions import Send
-
-if TYPE_CHECKING:
-    from .app import Daemon
 
 log = logging.getLogger("offbroadway.daemon")
 
@@ -36,30 +32,22 @@ class Stopped(Exception):
 
 
 class Resizer:
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
-        #: one resize at a time; the stages it removes, and those that said ``left``
+    """Carries out resizes on the running pipeline (``state``, ``tree``), one at a time.
+    Which stages are leaving is the state's record (:meth:`PipelineState.still_leaving`),
+    kept once for the reactions, status and the operator."""
+
+    def __init__(self, state: PipelineState, tree: TreeHandle, shell: Shell) -> None:
+        self.state = state
+        self.tree = tree
+        self.shell = shell
         self.lock = asyncio.Lock()
-        self.leaving: set[str] = set()
-        self.left: set[str] = set()
-
-    def report_left(self, stage_id: str) -> bool:
-        """A stage said ``left``: True if this resize is removing it."""
-        if stage_id not in self.leaving:
-            return False
-        self.left.add(stage_id)
-        return True
-
-    def still_leaving(self) -> list[str]:
-        return sorted(self.leaving - self.left)
 
     async def scale(self, words: object) -> dict:
         """``offbroadway scale processors N`` / ``batch_processors KEY N``."""
-        d = self.daemon
         try:
             if not isinstance(words, list):
                 raise resize_mod.ResizeRefused(f"usage: {resize_mod.USAGE}")
-            new = resize_mod.resized(d.config, resize_mod.parse(words))
+            new = resize_mod.resized(self.state.config, resize_mod.parse(words))
         except resize_mod.ResizeRefused as exc:
             return {"ok": False, "error": f"scale refused: {exc}"}
         return await self.resize(new, "offbroadway scale")
@@ -67,19 +55,19 @@ class Resizer:
     async def resize(self, new_config: Config, why: str) -> dict:
         """Take the running pipeline to ``new_config``'s concurrencies (:mod:`.resize`):
         the planner orders the steps, this carries them out."""
-        d = self.daemon
-        if d.stopping or d.terminator.draining:
+        state = self.state
+        if self.shell.stopping or state.terminator.draining:
             return {"ok": False, "error": f"{why} refused: the pipeline is stopping"}
         async with self.lock:
-            old = d.topology
-            new = d.topology_of(new_config)
+            old = state.topology
+            new = state.wire(new_config)
             steps = resize_mod.plan(old, new)
             if not steps:
                 return {"ok": True, "message": f"nothing to change: {resize_mod.shape(old)}"}
             change = f"{resize_mod.shape(old)} -> {resize_mod.shape(new)}"
             log.info("%s: %s", why, change)
             for line in sorted(set(config_warnings(new_config)) -
-                               set(config_warnings(d.config))):
+                               set(config_warnings(state.config))):
                 log.warning("%s: %s", why, line)     # e.g. a fixed prefetch now too small
             try:
                 await self._carry_out(steps, new_config, new)
@@ -87,85 +75,65 @@ class Resizer:
                 log.error("%s: %s not completed: %s", why, change, exc)
                 return {"ok": False, "error": f"{why}: {change} not completed: {exc}"}
             finally:
-                self.leaving.clear()
-                self.left.clear()
-                d.tree_copy = d.root.snapshot()   # /metrics shows the new shape now
+                self.tree.refresh()   # /metrics shows the new shape now
             log.info("%s: done, %s", why, resize_mod.shape(new))
             return {"ok": True, "message": change}
 
     async def _carry_out(self, steps: list[resize_mod.Step], config: Config,
                          topology: topo_mod.Topology) -> None:
-        d = self.daemon
+        state, shell = self.state, self.shell
         for step in steps:
-            if d.stopping:
+            if shell.stopping:
                 raise Stopped("the pipeline is stopping")
             op = step.op
-            if op == resize_mod.CHANGE_SPEC:
-                d.payloads = {}   # the new specs carry what a reload changed
-                await d.root.change_spec(topology.root)
-            elif op == resize_mod.ADOPT:
-                d.config = config
-                d.reactions.adopt(topology)
-                d.terminator.adopt(topology)
-                d.board.topology = topology
-                d.topology = topology
-                d.stop_budget = stopbudget.total(config.pipeline.shutdown_timeout,
-                                                 topology.root)
+            if op == resize_mod.ADOPT:
+                # the tree takes the new specs, then the state (pipeline.adopt)
+                await adopt(state, self.tree, config, topology)
             elif op == resize_mod.START:
                 try:
-                    await self._supervisor(step.supervisor).restart_child(step.stage)
+                    await self.tree.supervisor(step.supervisor).restart_child(step.stage)
                 except SupervisionError as exc:
                     if not str(exc).startswith(("running:", "restarting:")):
                         raise
                     # a crash's restart built the new shape meanwhile and started it
             elif op == resize_mod.SUBSCRIBE:
                 # not connected: that batcher is restarting, with the new processor in its spec
-                d.send([Send(step.stage, commands.Subscribe(step.peer))])
+                shell.send([Send(step.stage, commands.Subscribe(step.peer))])
             elif op == resize_mod.LEAVE:
-                self.leaving.add(step.stage)
-                d.send([Send(step.stage, commands.Leave())])
+                shell.send([Send(step.stage, commands.Leave())])
             elif op == resize_mod.AWAIT_LEFT:
                 await self._await_left(step.stages)
             elif op == resize_mod.REMOVE:
-                sup = self._supervisor(step.supervisor)
+                sup = self.tree.supervisor(step.supervisor)
                 if step.stage in [c.id for c in sup.children]:
                     await sup.terminate_child(step.stage)
                     await sup.delete_child(step.stage)
             elif op == resize_mod.WINDOW:
-                d.send([Send(step.stage, commands.Window(step.count))])
+                shell.send([Send(step.stage, commands.Window(step.count))])
             elif op == resize_mod.FORGET:
-                for stage in step.stages:
-                    d.board.stats.pop(stage, None)
-                d.reactions.forget(step.stages)
-
-    def _supervisor(self, sup_id: str) -> Supervisor:
-        node = self.daemon.root.find(sup_id)
-        if not isinstance(node, Supervisor):
-            raise SupervisionError(f"not_found: no supervisor {sup_id!r}")
-        return node
+                state.forget(step.stages)
 
     async def _await_left(self, stages: tuple[str, ...]) -> None:
         """Until every leaving stage said ``left`` (or is gone: a crash's restart built
         the new shape without it, and its messages were requeued).  One that has not
         within ``shutdown_timeout`` is restarted out as a crash would be: the new shape,
         and what it held requeued once (at-least-once), rather than a resize that hangs."""
-        d = self.daemon
+        state, shell, tree = self.state, self.shell, self.tree
 
         def gone(stage: str) -> bool:
-            return stage in self.left or d.root.find(stage) is None
+            return state.has_left(stage) or tree.find(stage) is None
 
-        timeout = d.config.pipeline.shutdown_timeout
-        await d.wait_for(lambda: all(map(gone, stages)) or d.stopping,
-                         time.monotonic() + timeout)
-        if d.stopping:
+        timeout = state.config.pipeline.shutdown_timeout
+        await shell.wait_for(lambda: all(map(gone, stages)) or shell.stopping,
+                             time.monotonic() + timeout)
+        if shell.stopping:
             raise Stopped("the pipeline is stopping")
         late = [s for s in stages if not gone(s)]
         for stage in late:
-            node = d.root.find(stage)
+            node = tree.find(stage)
             if node is None or node.parent is None:
                 continue              # gone with the restart of an earlier one
-            target = d.reactions.operator_restart(node.parent.id)
+            target = state.reactions.operator_restart(node.parent.id)
             log.warning("resize: %s did not finish leaving within %gs; restarting %s (what "
                         "it holds goes back to the source)", stage, timeout, target)
-            await d.root.restart_subtree_or_child(target)
-
+            await tree.restart(target)

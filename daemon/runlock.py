@@ -1,4 +1,8 @@
-"""One daemon per runtime dir: an exclusive ``flock`` on ``<runtime.dir>/daemon.lock``.
+"""One daemon per runtime dir, and a dir only its user can write to.
+
+The dir is created 0700, and one that others could write to is refused
+(:func:`prepare_private_dir`): the daemon's sockets live there.  Then an exclusive
+``flock`` on ``<runtime.dir>/daemon.lock``.
 
 Everything a daemon keeps in its runtime dir (``control.sock``, ``hub.sock``, the metrics
 files, blame records) would be taken over or wiped by a second daemon started on the same
@@ -14,12 +18,31 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 
 LOCK_FILE = "daemon.lock"
 
 
 class AlreadyRunning(RuntimeError):
     pass
+
+
+class RuntimeDirError(RuntimeError):
+    pass
+
+
+def prepare_private_dir(path: str) -> None:
+    """Create ``path`` 0700, or refuse one that others could write to (sockets live there)."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.stat(path)
+    except OSError as exc:     # check says so first (checks.preflight); a race lands here
+        raise RuntimeDirError(f"runtime dir {path}: {exc.strerror or exc}") from None
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise RuntimeDirError(f"runtime dir {path} is writable by group/others "
+                              f"(mode {stat.S_IMODE(st.st_mode):o}); refusing to start")
+    if st.st_uid != os.getuid():
+        raise RuntimeDirError(f"runtime dir {path} belongs to uid {st.st_uid}, not us")
 
 
 class RunLock:

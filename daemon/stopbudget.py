@@ -14,7 +14,8 @@ With the example config (``shutdown_timeout = 60``, local Spark, two processors)
 
 from __future__ import annotations
 
-from offbroadway.supervision.spec import BRUTAL_KILL, INFINITY, ChildSpec, WorkerSpec
+from offbroadway.supervision.spec import ChildSpec
+from offbroadway.supervision.tree import stop_bound
 
 #: SIGKILL to reaped, per worker: the kernel frees a big process (a JVM) in well under this.
 KILL_SLACK = 1.0
@@ -22,24 +23,7 @@ KILL_SLACK = 1.0
 MARGIN = 5.0
 
 
-def tree_bound(spec: ChildSpec) -> float:
-    """Upper bound in seconds on stopping ``spec`` (``inf`` if some child waits forever)."""
-    if isinstance(spec, WorkerSpec):
-        own = spec.shutdown
-        if own == BRUTAL_KILL:
-            return KILL_SLACK
-        if own == INFINITY:
-            return float("inf")
-        return float(own) + KILL_SLACK
-    children = sum(tree_bound(child) for child in spec.children)
-    if spec.shutdown == BRUTAL_KILL:
-        return KILL_SLACK * max(1, len(spec.children))
-    if spec.shutdown == INFINITY:
-        return children
-    # past its own shutdown the subtree is SIGKILLed at once
-    return min(children, float(spec.shutdown) + KILL_SLACK * max(1, len(spec.children)))
-
-
 def total(shutdown_timeout: float, root: ChildSpec) -> float:
-    """The whole stop: drain, then the tree, then the daemon's margin."""
-    return float(shutdown_timeout) + tree_bound(root) + MARGIN
+    """The whole stop: drain, then the tree (as its supervisors stop it:
+    :func:`~offbroadway.supervision.tree.stop_bound`), then the daemon's margin."""
+    return float(shutdown_timeout) + stop_bound(root, KILL_SLACK) + MARGIN

@@ -9,9 +9,10 @@ out, and the daemon's shell (:mod:`.app`) sends them, keeps the clock and logs.
 
 Everything follows from the topology data: the stages that read sources
 (:attr:`Topology.sources`) are told :class:`~offbroadway.stages.wire.commands.Shutdown`, their
-consumers :class:`~offbroadway.stages.wire.commands.NoResubscribe`; the drain waits for
-:class:`~offbroadway.stages.wire.commands.Done` from every finisher (a stage that acks and that
-nothing consumes), then for :class:`~offbroadway.stages.wire.commands.Settled` from every
+consumers (:attr:`Topology.first`) :class:`~offbroadway.stages.wire.commands.NoResubscribe`;
+the drain waits for :class:`~offbroadway.stages.wire.commands.Done` from every finisher (a
+stage that acks and that nothing consumes: :attr:`Topology.last`), then for
+:class:`~offbroadway.stages.wire.commands.Settled` from every
 source (nothing left in flight: its last acks reached the source).
 
 Phases::
@@ -74,8 +75,8 @@ class Terminator:
         that a later resize adds again under the same id is waited for afresh."""
         self.topology = topology
         self.sources = list(topology.sources)
-        self.finishers = list(topology.finishers)
-        self._no_resubscribe = {c for p in self.sources for c in topology.consumers(p)}
+        self.finishers = list(topology.last)
+        self._no_resubscribe = set(topology.first)
         live = set(topology.specs)
         self.done &= live
         self.settled &= live

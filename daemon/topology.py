@@ -36,27 +36,17 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from offbroadway.daemon.config import BatcherConfig, Config, batch_demand
-from offbroadway.daemon.names import (  # noqa: F401  (re-exported: the topology owns the names)
+from offbroadway.daemon.names import (
     BATCH_PROCESSOR,
     BATCHER,
     COMMITTER,
     PROCESSOR,
     PRODUCER,
-    ROLES,
-    StageName,
-    batch_processor_id,
     batch_processor_ids,
     batcher_id,
     committer_id,
-    index_of,
-    key_of,
-    parse,
-    processor_id,
     processor_ids,
-    producer_id,
     producer_ids,
-    role_of,
-    stage_id,
 )
 from offbroadway.stages.runtime.spec import PROCESSOR_KEY, STAGE_ENV, StageSpec
 from offbroadway.stages.sources import sized_options, window_max, window_option
@@ -78,8 +68,9 @@ class Topology:
 
     Who consumes whom is each stage's :attr:`StageSpec.upstream`, and who finishes messages
     (acks them to their producers) its :attr:`StageSpec.producers`: the daemon's reactions
-    and its drain ask :meth:`consumers`, :attr:`finishers` and :meth:`is_downstream`
-    rather than role names.
+    and its drain ask :meth:`consumers`, :attr:`sources`, :attr:`first`, :attr:`last` and
+    :meth:`is_downstream` rather than role names (Broadway's ``build_topology_details``:
+    the layers are read off the wiring, once).
     """
 
     root: SupervisorSpec
@@ -107,10 +98,15 @@ class Topology:
         spec = self.specs.get(sid)
         return spec is not None and bool(spec.upstream)
 
+    def role_of(self, sid: str) -> str | None:
+        """The role of child ``sid`` of this tree (``spark`` for the Spark server); None
+        for a supervisor or an id the tree does not have (a stage a resize removed)."""
+        return self.roles.get(sid)
+
     @property
-    def finishers(self) -> list[str]:
-        """The stages whose ``done`` ends a drain: they ack messages to their producers and
-        nothing consumes from them (the last stage of the pipeline)."""
+    def last(self) -> list[str]:
+        """Broadway's last layer, the stages whose ``done`` ends a drain: they ack
+        messages to their producers and nothing consumes from them."""
         return [s for s, spec in self.specs.items() if spec.producers and not self.consumers(s)]
 
     @property
@@ -118,6 +114,14 @@ class Topology:
         """The stages that read a source: they consume from none and are consumed."""
         return [s for s, spec in self.specs.items()
                 if not spec.upstream and self.consumers(s)]
+
+    @property
+    def first(self) -> list[str]:
+        """Broadway's first layer, the stages that run messages straight from the sources
+        (the processors): a crash of one is blamed on what it ran (poison), and the drain
+        tells them not to resubscribe to a source."""
+        sources = self.sources
+        return [s for s, spec in self.specs.items() if any(u in sources for u in spec.upstream)]
 
     @property
     def stages(self) -> list[str]:
@@ -220,6 +224,40 @@ def auto_prefetch(config: Config) -> int:
     (:func:`auto_window`; the source decides what to make of it:
     :meth:`offbroadway.stages.sources.base.Source.sized_options`)."""
     return auto_window(config).prefetch
+
+
+class Wiring:
+    """The daemon's recipe for its tree: :func:`build` with the one Spark server of this
+    daemon, planned once (its child spec, and the address and token its committers
+    read at each start, belong to the server incarnation that runs), so the tree of a
+    resize or a reload is wired to the same server as the tree at start."""
+
+    def __init__(self, config: Config,
+                 stage_env: Callable[[str], dict[str, str]] | None = None) -> None:
+        self.stage_env = stage_env
+        self.spark_child: WorkerSpec | None = None
+        self.committer_env: Callable[[], dict[str, str]] | None = None
+        #: what the committers are handed (None: no Spark sink)
+        self.spark_settings: dict | None = None
+        if config.spark is not None:
+            from .spark import plan  # the Spark wiring; pyspark itself stays in the stages
+
+            rt = config.runtime
+            spark = plan(config.spark, runtime_dir=rt.dir, state_dir=rt.state_dir,
+                         log_env=stage_env("spark") if stage_env is not None else None)
+            self.spark_child, self.committer_env = spark.child, spark.committer_env
+            self.spark_settings = spark.settings
+
+    def build(self, config: Config) -> Topology:
+        """``config``'s tree, wired to this daemon's Spark server."""
+        return build(config, stage_env=self.stage_env, spark_child=self.spark_child,
+                     committer_env=self.committer_env, spark_settings=self.spark_settings)
+
+
+def wired(config: Config) -> Topology:
+    """``config``'s tree as a daemon would run it, Spark server included (the stop budget,
+    the chaos bench's predictions)."""
+    return Wiring(config).build(config)
 
 
 def build(config: Config, *, stage_env: Callable[[str], dict[str, str]] | None = None,

@@ -33,12 +33,14 @@ from collections.abc import Callable, Iterable, Iterator
 from importlib import resources
 from typing import TYPE_CHECKING
 
+from offbroadway.supervision.tree import workers_under
+
 from .names import committer_id
 from .status import nodes
 from .timeline import Timeline
 
 if TYPE_CHECKING:
-    from .app import Daemon
+    from .pipeline import PipelineState
 
 log = logging.getLogger("offbroadway.daemon.web")
 
@@ -61,12 +63,13 @@ def _asset(name: str) -> bytes:
     return resources.files("offbroadway.daemon").joinpath("webpage", name).read_bytes()
 
 
-def page_state(daemon: Daemon, timeline: Timeline) -> dict:
-    """``status`` plus what the page draws from it: the graph's columns and edges (with
-    each subscription's counters as the consumer reported them), the totals, memory
-    limits, report ages and the timeline.  Runs on the daemon's loop."""
-    st = daemon.status()
-    topo = daemon.topology
+def page_state(status: Callable[[], dict], state: PipelineState, timeline: Timeline) -> dict:
+    """``status()`` plus what the page draws from it and the running pipeline's ``state``:
+    the graph's columns and edges (with each subscription's counters as the consumer
+    reported them), the totals, memory limits, report ages and the timeline.  Runs on the
+    daemon's loop."""
+    st = status()
+    topo = state.topology
     now = time.time()
     by_id = {n["id"]: n for n in nodes(st["tree"])}
 
@@ -95,11 +98,8 @@ def page_state(daemon: Daemon, timeline: Timeline) -> dict:
                 edges.append({"from": committer, "to": topo.spark,
                               "count": msgs(committer).get("out"), "demand": None,
                               "unit": "rows"})
-    from .app import _workers  # the daemon's walk of its specs (app imports this module)
-
-    limits = {w.id: w.memory_limit for w in _workers(topo.root)
-              if getattr(w, "memory_limit", None)}
-    ages = {sid: round(now - s["at"], 1) for sid, s in daemon.board.stats.items()
+    limits = {w.id: w.memory_limit for w in workers_under(topo.root) if w.memory_limit}
+    ages = {sid: round(now - s["at"], 1) for sid, s in state.board.stats.items()
             if sid in by_id}
     producers = [msgs(p) for p in topo.producers]
     sources = [p.get("source") or {} for p in producers]
@@ -107,7 +107,7 @@ def page_state(daemon: Daemon, timeline: Timeline) -> dict:
     last = max((c["last_commit"] for c in commits if c.get("last_commit")),
                key=lambda c: c["at"], default=None)
     totals = {
-        "fetched": daemon.board.sum(topo.producers, "in"),
+        "fetched": state.board.sum(topo.producers, "in"),
         "acked": st["acked"], "failed": st["failed"],
         "inflight": sum(int(p.get("inflight") or 0) for p in producers),
         "dead_letters": sum(int(s.get("dead_lettered", s.get("failed")) or 0)
@@ -131,8 +131,10 @@ def page_state(daemon: Daemon, timeline: Timeline) -> dict:
 class Page:
     """The page's WSGI app in front of the metrics app.  Build it on the daemon's loop."""
 
-    def __init__(self, daemon: Daemon, timeline: Timeline, metrics_app: Callable) -> None:
-        self.daemon = daemon
+    def __init__(self, status: Callable[[], dict], state: PipelineState, timeline: Timeline,
+                 metrics_app: Callable) -> None:
+        self.status = status
+        self.pipeline = state
         self.timeline = timeline
         self.metrics_app = metrics_app
         self.loop = asyncio.get_running_loop()
@@ -141,7 +143,8 @@ class Page:
         self._cached: tuple[float, int, bytes] | None = None
 
     async def _compute(self) -> bytes:
-        return json.dumps(page_state(self.daemon, self.timeline), default=str).encode()
+        state = page_state(self.status, self.pipeline, self.timeline)
+        return json.dumps(state, default=str).encode()
 
     def state(self) -> bytes:
         """The current state as JSON (computed on the loop, shared for :data:`FRESH` s

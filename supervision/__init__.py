@@ -18,14 +18,15 @@ _EXPORTS = {
     "WorkerSpec": "spec", "SupervisorSpec": "spec", "ChildSpec": "spec", "Restart": "spec",
     "Strategy": "spec", "Shutdown": "spec", "BRUTAL_KILL": "spec", "INFINITY": "spec",
     "RestartIntensity": "intensity", "ExitStatus": "process", "Worker": "worker",
+    "SpecTree": "tree", "workers_under": "tree",
 }
 
 __all__ = [
     "BRUTAL_KILL", "INFINITY", "ChildExited", "ChildInfo", "ChildSpec", "ChildStarted",
     "ExitStatus", "Restart", "RestartIntensity", "Restarting", "Shutdown", "SpecError",
-    "StartError", "Strategy",
+    "SpecTree", "StartError", "Strategy",
     "SupervisionError", "Supervisor", "SupervisorGaveUp", "SupervisorSpec", "Worker",
-    "WorkerSpec",
+    "WorkerSpec", "workers_under",
 ]
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
         WorkerSpec,
     )
     from .supervisor import ChildInfo, Supervisor
+    from .tree import SpecTree, workers_under
     from .worker import Worker
 
 

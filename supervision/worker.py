@@ -9,17 +9,28 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .errors import StartError
 from .events import ChildExited, ChildStarted
 from .process import OSProcess, StartFailed
 from .spec import WorkerSpec
 
-if TYPE_CHECKING:
-    from .supervisor import Supervisor
-
 log = logging.getLogger("offbroadway.supervision")
+
+
+class Parent(Protocol):
+    """What a worker needs of its supervisor: where to send its events and its exit.  A
+    protocol rather than the :class:`~.supervisor.Supervisor` class, which builds workers:
+    the worker does not need to know it, so the two modules do not import each other."""
+
+    @property
+    def id(self) -> str: ...
+
+    def emit(self, event: object) -> None: ...
+
+    def child_exited(self, node: Any, incarnation: object, normal: bool,
+                     reason: str) -> None: ...
 
 
 class Worker:
@@ -30,7 +41,7 @@ class Worker:
 
     kind = "worker"
 
-    def __init__(self, spec: WorkerSpec, parent: Supervisor) -> None:
+    def __init__(self, spec: WorkerSpec, parent: Parent) -> None:
         self.spec = spec
         self.parent = parent
         self.state = "stopped"

@@ -108,7 +108,7 @@ def test_warnings_explain_pitfalls() -> None:
 
 
 def test_source_options_are_checked_by_the_source() -> None:
-    from offbroadway.daemon.config import check_source
+    from offbroadway.daemon.checks import check_source
 
     config = validate(with_("producer.options", {"path": "var/spool", "patern": "*.x"})).config
     with pytest.raises(ConfigError, match=r"^producer\.options\.patern"):

@@ -1,6 +1,7 @@
 """docs/design.md's module map matches the tree: every module of api/, supervision/,
 stages/ and daemon/ has its line (a package may have one line for the whole folder), and
-every line names a module that exists."""
+every line names a module that exists; the "concern → modules" table under it names only
+modules that exist."""
 
 from __future__ import annotations
 
@@ -36,3 +37,15 @@ def test_every_module_has_a_line_and_every_line_a_module() -> None:
     missing = [m for m in modules
                if m not in entries and not any(m.startswith(p) for p in packages)]
     assert not missing, f"modules without a line in docs/design.md's module map: {missing}"
+
+
+def test_the_concern_table_names_modules_that_exist() -> None:
+    text = (ROOT / "docs" / "design.md").read_text()
+    after = text.split("## Module map", 1)[1].split("```", 2)[2].split("\n## ", 1)[0]
+    rows = [line for line in after.splitlines() if line.startswith("| ")][2:]
+    assert {r.split("|")[1].strip() for r in rows} >= {
+        "poison", "resize", "reload", "drain", "Spark", "back-pressure"}
+    named = [m for r in rows for m in re.findall(r"`([a-z_]+/[a-z_/*]+\.py)`", r)]
+    assert named
+    gone = [m for m in named if not list(ROOT.glob(m))]
+    assert not gone, f"docs/design.md's concern table names modules that are gone: {gone}"

@@ -88,13 +88,16 @@ def test_the_topology_builds_its_ids_from_the_names() -> None:
     topo = topo_mod.build(validate(raw).config, sized=False, spark_settings={"commit_rows": 100})
     assert topo.committers == ["committer_s_1", "committer_b-2"]
     for sid, spec in topo.specs.items():
-        name = topo_mod.parse(sid)
+        name = names.parse(sid)
         assert name is not None and name.role == spec.role == topo.roles[sid], sid
         assert name.key == (spec.batcher or ("default" if spec.role == "processor" else None))
         if name.index is not None:
             assert name.index == spec.index
     assert topo.by_batcher == {"s_1": names.batch_processor_ids("s_1", 2),
                                "b-2": names.batch_processor_ids("b-2", 1)}
+    # what validation names the sockets by without building the tree
+    assert topo.stages == names.pipeline_ids(2, {"default": 3}, {"s_1": 2, "b-2": 1}, True)
+    assert topo.stages[:5] == names.pipeline_ids(2, {"default": 3}, {}, False)
 
 
 def test_the_pattern_finds_an_id_spelled_by_hand() -> None:

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from offbroadway.daemon import topology as topo_mod
 from offbroadway.daemon.config import validate
-from offbroadway.daemon.reactions import Reactions, cascade, restart_target
+from offbroadway.daemon.reactions import Reactions
 from offbroadway.stages.poison.blame import Blame, Suspect
 from offbroadway.stages.wire.commands import Resubscribe
 from offbroadway.supervision.strategy import affected
@@ -39,8 +39,8 @@ def _crash_cascade(r: Reactions, crashed: str, record: Blame | None = None,
     ``crashed``: its exit, its cascade's exits in reverse start order, the ``Restarting``
     of the supervisor that carries the plan out, then the starts."""
     out = []
-    members = [s for s in cascade(r.tree, crashed) if s in r.topology.stages]
-    target = restart_target(r.tree, crashed)
+    members = [s for s in r.tree.cascade(crashed) if s in r.topology.stages]
+    target = r.tree.restart_target(crashed)
     if operator:
         assert r.operator_restart(crashed) == target
         exits = list(reversed(members))
@@ -64,16 +64,16 @@ def _names(cmds) -> Counter:
 def test_a_processor_crash_cascade_is_every_downstream_stage() -> None:
     t = _topology()
     r = Reactions(t)
-    assert set(cascade(r.tree, "processor_default_1")) == set(
+    assert set(r.tree.cascade("processor_default_1")) == set(
         t.processors + t.batchers + t.batch_processors)
-    assert restart_target(r.tree, "processor_default_1") == "ProcessorSupervisor"
+    assert r.tree.restart_target("processor_default_1") == "ProcessorSupervisor"
     # a batch processor: its one_for_all siblings only; a batcher: itself and its own
-    assert set(cascade(r.tree, "batch_processor_b0_1")) == {"batch_processor_b0_0",
+    assert set(r.tree.cascade("batch_processor_b0_1")) == {"batch_processor_b0_0",
                                                           "batch_processor_b0_1"}
-    assert set(cascade(r.tree, "batcher_b1")) == {"batcher_b1", "batch_processor_b1_0",
+    assert set(r.tree.cascade("batcher_b1")) == {"batcher_b1", "batch_processor_b1_0",
                                                 "batch_processor_b1_1"}
     # a producer: itself only (one_for_one)
-    assert cascade(r.tree, "producer_1") == ["producer_1"]
+    assert r.tree.cascade("producer_1") == ["producer_1"]
 
 
 @pytest.mark.parametrize("crashed", ["processor_default_0", "processor_default_2", "batcher_b0",
@@ -94,7 +94,7 @@ def test_exits_send_nothing_the_restart_sends_one_requeue() -> None:
     r = Reactions(_topology())
     _up(r)
     assert r.exited("processor_default_1", expected=False, reason="killed") == []
-    for sid in reversed(cascade(r.tree, "processor_default_1")):
+    for sid in reversed(r.tree.cascade("processor_default_1")):
         if sid != "processor_default_1":
             assert r.exited(sid, expected=True) == []
     cmds = r.restarting("PipelineSupervisor", ("ProcessorSupervisor", "BatchersSupervisor"))
@@ -141,7 +141,7 @@ def test_an_operator_restart_and_a_crash_of_the_same_child_cause_the_same_cascad
         _up(crash)
         _up(op)
         target = Reactions(_topology()).operator_restart(child)
-        assert set(cascade(op.tree, target)) == set(cascade(crash.tree, child))
+        assert set(op.tree.cascade(target)) == set(crash.tree.cascade(child))
         a = _crash_cascade(crash, child)
         b = _crash_cascade(op, child, operator=True)
         assert _names(a) == _names(b)
@@ -211,7 +211,7 @@ def test_a_crash_during_a_cascade_joins_its_single_requeue() -> None:
     cmds = r.exited("batch_processor_b0_0", expected=False, reason="killed")
     # before b0's plan runs, a processor dies: the root's plan stops everything downstream
     cmds += r.exited("processor_default_0", expected=False, reason="killed")
-    for sid in reversed(cascade(r.tree, "processor_default_0")):
+    for sid in reversed(r.tree.cascade("processor_default_0")):
         if sid not in ("processor_default_0", "batch_processor_b0_0"):
             cmds += r.exited(sid, expected=True)
     cmds += r.restarting("PipelineSupervisor", ("ProcessorSupervisor", "BatchersSupervisor"))

@@ -82,7 +82,7 @@ def test_growing_processors_starts_them_and_the_batchers_subscribe():
     old = topo_mod.build(_config(2, {"a": 1, "b": 1}))
     new = topo_mod.build(_config(4, {"a": 1, "b": 1}))
     assert _ops(resize.plan(old, new)) == [
-        ("change_spec", (), ""), ("adopt", (), ""),
+        ("adopt", (), ""),
         ("start", "processor_default_2", "ProcessorSupervisor"),
         ("start", "processor_default_3", "ProcessorSupervisor"),
         ("subscribe", "batcher_a", "processor_default_2"),
@@ -97,7 +97,7 @@ def test_shrinking_drains_the_highest_first_then_removes_and_forgets():
     leaving = ("processor_default_3", "processor_default_2",
                "batch_processor_spark_2", "batch_processor_spark_1")
     assert _ops(resize.plan(old, new)) == [
-        ("change_spec", (), ""), ("adopt", (), ""),
+        ("adopt", (), ""),
         *[("leave", s, "") for s in leaving],
         ("await_left", leaving, ""),
         ("remove", "processor_default_3", "ProcessorSupervisor"),
@@ -216,10 +216,10 @@ def test_an_auto_window_widens_before_a_growth_and_narrows_after_a_shrink():
     small, big = rabbit(2), rabbit(6)
     assert big.specs["producer_0"].source_options["auto_prefetch"] == 300   # 6 x 100 / 2
     grow = resize.plan(small, big)
-    assert [(s.op, s.stage, s.count) for s in grow[:4]] == [
-        ("change_spec", "", 0), ("adopt", "", 0), ("window", "producer_0", 300),
+    assert [(s.op, s.stage, s.count) for s in grow[:3]] == [
+        ("adopt", "", 0), ("window", "producer_0", 300),
         ("window", "producer_1", 300)]
-    assert grow[4].op == "start"
+    assert grow[3].op == "start"
     shrink = resize.plan(big, small)
     assert [(s.op, s.stage, s.count) for s in shrink[-3:]] == [
         ("forget", "", 0), ("window", "producer_0", 100), ("window", "producer_1", 100)]

@@ -4,9 +4,10 @@ supervisors obey (daemon/stopbudget.py)."""
 from __future__ import annotations
 
 from offbroadway.daemon import stopbudget
-from offbroadway.daemon.app import stop_budget
 from offbroadway.daemon.config import load_config
+from offbroadway.daemon.pipeline import stop_budget
 from offbroadway.supervision.spec import BRUTAL_KILL, Strategy, SupervisorSpec, WorkerSpec
+from offbroadway.supervision.tree import stop_bound
 
 from tests.conftest import REPO
 
@@ -20,8 +21,8 @@ def test_workers_stop_one_after_the_other_and_a_supervisor_shutdown_caps_its_sub
                            children=[w("a", 30.0), w("b", 30.0)], shutdown=10.0)
     root = SupervisorSpec(id="root", strategy=Strategy.REST_FOR_ONE,
                           children=[w("x"), w("y", BRUTAL_KILL), inner])
-    assert stopbudget.tree_bound(inner) == 10.0 + 2 * stopbudget.KILL_SLACK
-    assert stopbudget.tree_bound(root) == (5.0 + 1.0) + 1.0 + 12.0
+    assert stop_bound(inner, stopbudget.KILL_SLACK) == 10.0 + 2 * stopbudget.KILL_SLACK
+    assert stop_bound(root, stopbudget.KILL_SLACK) == (5.0 + 1.0) + 1.0 + 12.0
     assert stopbudget.total(7.0, root) == 7.0 + 19.0 + stopbudget.MARGIN
 
 

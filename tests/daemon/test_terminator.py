@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from offbroadway.daemon import topology as topo_mod
 from offbroadway.daemon.config import validate
-from offbroadway.daemon.reactions import Reactions, cascade
+from offbroadway.daemon.reactions import Reactions
 from offbroadway.daemon.terminator import Phase, Terminator
 from offbroadway.stages.wire import commands
 
@@ -25,8 +25,6 @@ def _topology(batchers: int = 2) -> topo_mod.Topology:
 def spark_topology(producers: int = 2) -> topo_mod.Topology:
     """A pipeline with its own Spark server (``spark`` first under the root) and one
     batcher, ``b0``, with its committer."""
-    from offbroadway.daemon.spark import plan
-
     config = validate({
         "pipeline": {"name": "t", "handler": "examples.orders:Orders"},
         "producer": {"source": "spool", "options": {"path": "var/spool"},
@@ -35,8 +33,7 @@ def spark_topology(producers: int = 2) -> topo_mod.Topology:
         "spark": {"output": "/tmp/ob-out"},
         "runtime": {"dir": "/tmp/ob-run"},
     }).config
-    p = plan(config.spark, runtime_dir="/tmp/ob-run", state_dir="/tmp/ob-state")
-    return topo_mod.build(config, spark_child=p.child, spark_settings=p.settings)
+    return topo_mod.wired(config)
 
 
 def test_begin_tells_sources_to_shut_down_and_their_consumers_not_to_resubscribe() -> None:
@@ -115,7 +112,7 @@ def test_a_crash_cascade_requeue_ends_the_drain_unfinished() -> None:
     term.begin()
     term.report_done(t.batch_processors[0])
     sends = reactions.exited("processor_default_0", expected=False, reason="killed")
-    for sid in reversed(cascade(reactions.tree, "processor_default_0")):
+    for sid in reversed(reactions.tree.cascade("processor_default_0")):
         if sid != "processor_default_0":
             term.exited(sid)
             sends += reactions.exited(sid, expected=True)

@@ -1,0 +1,100 @@
+"""The running pipeline's one owner (daemon/pipeline.py), without processes: one adopt for
+start, reload and resize; the tree takes the new specs through change_spec (a stage started
+later has the new values); who is leaving is kept once; the stop budget needs no daemon."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from offbroadway.daemon import stopbudget
+from offbroadway.daemon import topology as topo_mod
+from offbroadway.daemon.config import validate
+from offbroadway.daemon.pipeline import PipelineState, TreeHandle, adopt, stop_budget
+from offbroadway.stages.runtime.spec import STAGE_ENV, StageSpec
+from offbroadway.stages.wire import commands
+from offbroadway.supervision import Supervisor
+
+
+def _config(processors: int = 2, batch_size: int = 10):
+    return validate({
+        "pipeline": {"name": "t", "handler": "examples.orders:Orders"},
+        "producer": {"source": "spool", "options": {"path": "var/spool"}, "concurrency": 2},
+        "processors": {"default": {"concurrency": processors}},
+        "batchers": {"b": {"batch_size": batch_size, "concurrency": 2}},
+        "runtime": {"dir": "/tmp/ob-run"},
+    }).config
+
+
+def _state(config=None) -> PipelineState:
+    config = config or _config()
+    return PipelineState(config, topo_mod.Wiring(config))
+
+
+def _spec_of(tree: TreeHandle, sid: str) -> StageSpec:
+    env = tree.find(sid).spec.env()
+    return StageSpec.from_env({STAGE_ENV: env[STAGE_ENV]})
+
+
+def test_the_state_at_start_is_the_configs_and_everything_reads_one_topology() -> None:
+    config = _config()
+    state = _state(config)
+    t = state.topology
+    assert state.config is config and state.file_config is config
+    assert state.reactions.topology is t and state.terminator.topology is t
+    assert state.board.topology is t
+    assert state.stop_budget == stopbudget.total(config.pipeline.shutdown_timeout, t.root)
+    # computed without building a daemon, from the same wired tree
+    assert stop_budget(config) == state.stop_budget
+
+
+def test_a_reload_reaches_the_stages_started_later_through_change_spec() -> None:
+    async def run() -> None:
+        state = _state()
+        tree = TreeHandle(Supervisor(state.topology.root))
+        assert _spec_of(tree, "batcher_b").batch_size == 10
+        new = _config(batch_size=20)
+        await adopt(state, tree, new)
+        assert state.config is new
+        # the running tree's node carries the new spec: its next start has batch_size 20
+        assert _spec_of(tree, "batcher_b").batch_size == 20
+        assert state.reactions.topology is state.topology
+    asyncio.run(run())
+
+
+def test_a_resize_adopts_and_keeps_who_is_leaving_once() -> None:
+    async def run() -> None:
+        state = _state(_config(processors=3))
+        tree = TreeHandle(Supervisor(state.topology.root))
+        await adopt(state, tree, _config(processors=2))
+        assert state.topology.processors == ["processor_default_0", "processor_default_1"]
+        # the removed processor stays in the tree until the resize removes it
+        assert tree.find("processor_default_2") is not None
+        assert state.is_leaving("processor_default_2")
+        assert state.still_leaving() == ["processor_default_2"]
+        left = state.report("processor_default_2", commands.Left(stats={}))
+        assert left.progress and state.has_left("processor_default_2")
+        assert state.still_leaving() == []
+        # a stale "left" from a stage no resize removes moves nothing
+        assert not state.report("processor_default_0", commands.Left(stats={})).progress
+        state.forget(("processor_default_2",))
+        assert not state.is_leaving("processor_default_2")
+    asyncio.run(run())
+
+
+def test_reports_feed_the_terminator_and_say_what_the_shell_must_do() -> None:
+    state = _state()
+    t = state.topology
+    for p in t.producers:
+        effects = state.report(p, commands.Idle(idle=True))
+    assert effects.idle
+    state.terminator.begin()
+    assert state.report(t.batch_processors[0], commands.Done(stats={})).progress
+    hello = state.report(t.producers[0], commands.Hello(pid=1))
+    assert [s.command.NAME for s in hello.sends] == ["shutdown"]
+
+
+def test_a_config_with_other_values_builds_another_topology() -> None:
+    state = _state()
+    again = state.wire(dataclasses.replace(state.config))
+    assert again.stages == state.topology.stages and again is not state.topology
