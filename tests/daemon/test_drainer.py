@@ -1,0 +1,91 @@
+"""The drain's shell (daemon/drainer.py) on a pipeline's state, without processes: the drain
+tells the stages what the terminator says and ends when the reports say so, the books
+decide the --until-idle exit, a drain past its deadline is exit 1, a third Ctrl-C ends
+every wait, and a run again restarts the sources' supervisor by name."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from offbroadway.daemon import outcome
+from offbroadway.daemon import topology as topo_mod
+from offbroadway.daemon.config import validate
+from offbroadway.daemon.drainer import Drainer
+from offbroadway.daemon.notify import Notifier
+from offbroadway.daemon.pipeline import PipelineState
+from offbroadway.daemon.reactions import Send
+from offbroadway.daemon.terminator import Phase
+from offbroadway.stages.wire import commands
+
+
+def _state(shutdown_timeout: float = 5.0) -> PipelineState:
+    config = validate({
+        "pipeline": {"name": "t", "handler": "examples.orders:Orders",
+                     "shutdown_timeout": shutdown_timeout},
+        "producer": {"source": "spool", "options": {"path": "var/spool"}},
+        "batchers": {"b": {"batch_size": 10}},
+        "runtime": {"dir": "/tmp/ob-run"},
+    }).config
+    return PipelineState(config, topo_mod.Wiring(config))
+
+
+class _Tree:
+    """The one thing a run again does to the tree: restart a node by name."""
+
+    def __init__(self) -> None:
+        self.restarted: list[str] = []
+
+    async def restart(self, child_id: str) -> None:
+        self.restarted.append(child_id)
+
+
+def _drainer(state: PipelineState, sent: list[Send], tree: _Tree | None = None,
+             until_idle: bool = True) -> Drainer:
+    return Drainer(state, tree or _Tree(), Notifier(None), sent.extend,  # type: ignore[arg-type]
+                   lambda: False, until_idle)
+
+
+def test_a_drain_tells_the_stages_and_ends_on_their_reports() -> None:
+    state, sent = _state(), []
+    drainer = _drainer(state, sent)
+    t = state.topology
+
+    async def run() -> None:
+        drain = asyncio.ensure_future(drainer.drain())
+        await asyncio.sleep(0.05)
+        assert {s.command.NAME for s in sent} == {"shutdown", "no_resubscribe"}
+        for stage in t.last:
+            state.report(stage, commands.Done(stats={}))
+        for p in t.sources:
+            state.report(p, commands.Settled(stats={}))
+        drainer.progress.set()
+        await asyncio.wait_for(drain, 5)
+    asyncio.run(run())
+    assert state.terminator.phase is Phase.COMPLETE
+    assert drainer.until_idle_exit() == 0
+
+
+def test_a_drain_past_its_deadline_is_exit_1_and_a_third_ctrl_c_ends_every_wait() -> None:
+    state = _state(shutdown_timeout=0.2)
+    drainer = _drainer(state, [])
+
+    async def run() -> bool:
+        await drainer.drain()
+        assert state.terminator.phase is Phase.EXPIRED
+        assert drainer.until_idle_exit() == outcome.EXIT_UNACKED
+        wait = asyncio.ensure_future(drainer.wait_for(lambda: False, time.monotonic() + 30))
+        await asyncio.sleep(0.05)
+        drainer.cut_short()
+        return await asyncio.wait_for(wait, 2)
+    assert asyncio.run(run()) is False
+
+
+def test_a_run_again_restarts_the_sources_supervisor_by_name() -> None:
+    state, tree = _state(), _Tree()
+    drainer = _drainer(state, [], tree)
+    state.terminator.begin()          # the producers are told to drain
+    state.terminator.requeued()
+    asyncio.run(drainer.run_again())
+    assert tree.restarted == ["ProducerSupervisor"]
+    assert state.terminator.phase is Phase.RUNNING
