@@ -23,7 +23,6 @@ from collections.abc import Awaitable, Callable
 
 from offbroadway.stages.flow import ratelimit
 from offbroadway.stages.flow.ratelimit import SharedRateLimit
-from offbroadway.stages.runtime import logs
 from offbroadway.stages.wire import commands
 from offbroadway.supervision import ChildExited, Supervisor
 
@@ -51,9 +50,8 @@ START_ERRORS = (runlock.RuntimeDirError, runlock.AlreadyRunning, metrics.ListenE
 class Daemon:
     def __init__(self, config: Config, *, until_idle: bool = False,
                  notifier: Notifier | None = None) -> None:
-        self._first_config = config    # the stage env's, until the state below exists
         #: the running pipeline: config, topology, reactions, terminator, board, budget
-        self.state = PipelineState(config, Wiring(config, self._stage_env))
+        self.state = PipelineState(config, Wiring(config))
         self.until_idle = until_idle
         self.notifier = notifier or Notifier()
         self._stop = asyncio.Event()
@@ -80,13 +78,6 @@ class Daemon:
     def stopping(self) -> bool:
         """A stop was asked for (SIGTERM, SIGINT, offbroadway stop)."""
         return self._stop.is_set()
-
-    def _stage_env(self, stage_id: str) -> dict[str, str]:
-        """What every stage's environment adds to its spec: the running config's log
-        settings (a reload's log level reaches the stages started from then on)."""
-        state: PipelineState | None = getattr(self, "state", None)
-        rt = (state.config if state is not None else self._first_config).runtime
-        return {logs.LEVEL_ENV: rt.log_level, logs.FORMAT_ENV: rt.log_format}
 
     async def reload(self, why: str = "reload") -> dict:
         """Re-read the config file and apply it (:mod:`.reloader`); on the timeline."""

@@ -48,6 +48,7 @@ from offbroadway.daemon.names import (
     processor_ids,
     producer_ids,
 )
+from offbroadway.stages.runtime.logs import FORMAT_ENV, LEVEL_ENV
 from offbroadway.stages.runtime.spec import PROCESSOR_KEY, STAGE_ENV, StageSpec
 from offbroadway.stages.sources import sized_options, window_max, window_option
 from offbroadway.supervision.child import GUARD_SIGNAL
@@ -227,14 +228,12 @@ def auto_prefetch(config: Config) -> int:
 
 
 class Wiring:
-    """The daemon's recipe for its tree: :func:`build` with the one Spark server of this
-    daemon, planned once (its child spec, and the address and token its committers
-    read at each start, belong to the server incarnation that runs), so the tree of a
-    resize or a reload is wired to the same server as the tree at start."""
+    """The daemon's recipe for its tree: :func:`build` with this daemon's one Spark server,
+    planned once (the address and token its committers read belong to the incarnation
+    that runs), so a resize's or a reload's tree is wired to the same server; each stage
+    starts with the log settings of the config its spec was built from."""
 
-    def __init__(self, config: Config,
-                 stage_env: Callable[[str], dict[str, str]] | None = None) -> None:
-        self.stage_env = stage_env
+    def __init__(self, config: Config) -> None:
         self.spark_child: WorkerSpec | None = None
         self.committer_env: Callable[[], dict[str, str]] | None = None
         #: what the committers are handed (None: no Spark sink)
@@ -244,14 +243,20 @@ class Wiring:
 
             rt = config.runtime
             spark = plan(config.spark, runtime_dir=rt.dir, state_dir=rt.state_dir,
-                         log_env=stage_env("spark") if stage_env is not None else None)
+                         log_env=log_env(config))
             self.spark_child, self.committer_env = spark.child, spark.committer_env
             self.spark_settings = spark.settings
 
     def build(self, config: Config) -> Topology:
         """``config``'s tree, wired to this daemon's Spark server."""
-        return build(config, stage_env=self.stage_env, spark_child=self.spark_child,
+        env = log_env(config)
+        return build(config, stage_env=lambda _sid: env, spark_child=self.spark_child,
                      committer_env=self.committer_env, spark_settings=self.spark_settings)
+
+
+def log_env(config: Config) -> dict[str, str]:
+    """What every process of the pipeline is told about logging (level and format)."""
+    return {LEVEL_ENV: config.runtime.log_level, FORMAT_ENV: config.runtime.log_format}
 
 
 def wired(config: Config) -> Topology:

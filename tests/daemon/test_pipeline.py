@@ -11,6 +11,7 @@ from offbroadway.daemon import stopbudget
 from offbroadway.daemon import topology as topo_mod
 from offbroadway.daemon.config import validate
 from offbroadway.daemon.pipeline import PipelineState, TreeHandle, adopt, stop_budget
+from offbroadway.stages.runtime.logs import LEVEL_ENV
 from offbroadway.stages.runtime.spec import STAGE_ENV, StageSpec
 from offbroadway.stages.wire import commands
 from offbroadway.supervision import Supervisor
@@ -58,6 +59,11 @@ def test_a_reload_reaches_the_stages_started_later_through_change_spec() -> None
         assert state.config is new
         # the running tree's node carries the new spec: its next start has batch_size 20
         assert _spec_of(tree, "batcher_b").batch_size == 20
+        # and the log level a reload changed, in every stage's environment
+        louder = dataclasses.replace(new, runtime=dataclasses.replace(
+            new.runtime, log_level="debug"))
+        await adopt(state, tree, louder)
+        assert tree.find("batcher_b").spec.env()[LEVEL_ENV] == "debug"
         assert state.reactions.topology is state.topology
     asyncio.run(run())
 
