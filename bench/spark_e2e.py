@@ -1,7 +1,8 @@
 """The README's pipeline end to end into Spark, beside the script a user would write instead.
 
     .venv/bin/python bench/spark_e2e.py [--lines 1000000] [--rounds 2] [--no-rabbitmq]
-                                        [--references PATH] [--commit ROWS/SECONDS] [--keep]
+                                        [--references PATH] [--commit ROWS/SECONDS]
+                                        [--once on|off|both] [--keep]
 
 The rows are ``--lines`` order lines like ``examples/spool`` (``{"order", "sku", "qty",
 "unit_price"}``), priced by ``examples/orders.py``.  Per round, interleaved:
@@ -29,6 +30,13 @@ The rows are ``--lines`` order lines like ``examples/spool`` (``{"order", "sku",
 
 ``--commit ROWS/SECONDS`` adds, per round, the spool pipeline with ``[spark]
 commit_rows`` and ``commit_interval`` set so: how the commit size moves the JVM's cost.
+
+``--once both`` runs, per round, the spool pipeline as shipped (``[spark] exactly_once``
+on, its default) and the same with ``exactly_once = false`` (no journal of commit stamps,
+no check of ids in doubt), one after the other, the order swapped every round: prints
+both rates, their ratio (off / on) and the committer's and the JVM's CPU per row of each,
+so that the cost of the mechanism shows.  ``--once off`` runs the shipped config with the
+mechanism off instead (``on``, the default, as shipped).
 
 Prints each run, the ratios per round (pipeline / loop, pipeline / alone), the medians,
 and the per-stage CPU per row.
@@ -81,8 +89,10 @@ def write_spool(spool: Path, lines: list[str], files: int = 10) -> None:
 
 
 def example_config(remote: str, *, rabbit_queue: str | None = None,
-                   commit: tuple[int, float] | None = None) -> str:
+                   commit: tuple[int, float] | None = None, once: bool = True) -> str:
     text = (REPO / "config" / "example.toml").read_text()
+    if not once:
+        text = text.replace("[spark]\n", "[spark]\nexactly_once = false\n")
     if commit is not None:
         text = text.replace("[spark]\n", f"[spark]\ncommit_rows = {commit[0]}\n"
                                          f"commit_interval = {commit[1]}\n")
@@ -217,6 +227,9 @@ def main() -> int:
     ap.add_argument("--commit", metavar="ROWS/SECONDS", default=None,
                     help="also run the spool pipeline with [spark] commit_rows and "
                          "commit_interval set so (e.g. 200000/3), interleaved")
+    ap.add_argument("--once", choices=("on", "off", "both"), default="on",
+                    help="[spark] exactly_once of the spool runs: on (as shipped), off, or "
+                         "both interleaved in each round (their ratio: the mechanism's cost)")
     args = ap.parse_args()
 
     refs = args.references if args.references.is_file() else None
@@ -234,17 +247,30 @@ def main() -> int:
     alones: list[float] = []
     rabbit: dict[str, Any] | None = None
     varied: list[dict[str, Any]] = []
+    #: with --once both: the runs with exactly_once off (``runs`` holds those with it on)
+    unonce: list[dict[str, Any]] = []
     try:
         for rnd in range(args.rounds):
-            work = tmp / f"spool-{rnd}"
-            write_spool(work / "var" / "spool", lines)
             spool_copy = tmp / f"refs-{rnd}"
             write_spool(spool_copy, lines)
-            r = run_pipeline(work, example_config(remote), token, jvm)
-            runs.append(r)
-            show(f"round {rnd + 1}: pipeline, spool, config/example.toml", r)
-            if not args.keep:
-                shutil.rmtree(work, ignore_errors=True)
+            modes = {"on": [True], "off": [False], "both": [True, False]}[args.once]
+            for once in modes if rnd % 2 == 0 else modes[::-1]:
+                work = tmp / f"spool-{rnd}-{'on' if once else 'off'}"
+                write_spool(work / "var" / "spool", lines)
+                r = run_pipeline(work, example_config(remote, once=once), token, jvm)
+                (runs if once or args.once == "off" else unonce).append(r)
+                show(f"round {rnd + 1}: pipeline, spool, config/example.toml"
+                     f"{'' if once else ', exactly_once = false'}", r)
+                if not args.keep:
+                    shutil.rmtree(work, ignore_errors=True)
+            if unonce:
+                on, off = runs[-1], unonce[-1]
+                print(f"round {rnd + 1}: exactly_once off / on {off['rate'] / on['rate']:.3f};"
+                      f" CPU us/row on -> off: committer {on['us_per_row']['committer']:.2f}"
+                      f" -> {off['us_per_row']['committer']:.2f}, JVM "
+                      f"{on['us_per_row']['jvm']:.2f} -> {off['us_per_row']['jvm']:.2f}",
+                      flush=True)
+            r = runs[-1]
             if refs is not None:
                 ref = references(refs, spool_copy)
                 loops.append(ref["loop"])
@@ -294,8 +320,13 @@ def main() -> int:
     def ratio(x: float, ref: float | None) -> str:
         return f"{x / ref:.2f}" if ref else "-"
 
-    print(f"| pipeline, spool | {len(runs)} | {med:,.0f} | {ratio(med, loop)} | "
+    shipped = "pipeline, spool" + (", exactly_once = false" if args.once == "off" else "")
+    print(f"| {shipped} | {len(runs)} | {med:,.0f} | {ratio(med, loop)} | "
           f"{ratio(med, alone)} |")
+    if unonce:
+        u = statistics.median(r["rate"] for r in unonce)
+        print(f"| pipeline, spool, exactly_once = false | {len(unonce)} | {u:,.0f} | "
+              f"{ratio(u, loop)} | {ratio(u, alone)} |")
     if varied:
         v = statistics.median(r["rate"] for r in varied)
         print(f"| pipeline, spool, commit {args.commit} | {len(varied)} | {v:,.0f} | "
@@ -308,6 +339,19 @@ def main() -> int:
         print(f"| references: alone | {len(alones)} | {alone:,.0f} | | 1.00 |")
     print("\nper stage, median CPU us/row (spool runs): " + "  ".join(
         f"{k} {statistics.median(r['us_per_row'][k] for r in runs):.1f}" for k in ROLES))
+    if unonce:
+        print("per stage, median CPU us/row (exactly_once = false): " + "  ".join(
+            f"{k} {statistics.median(r['us_per_row'][k] for r in unonce):.1f}" for k in ROLES))
+        ratios = [off["rate"] / on["rate"] for on, off in zip(runs, unonce)]
+
+        def cpu(rs: list[dict[str, Any]], k: str) -> float:
+            return statistics.median(r["us_per_row"][k] for r in rs)
+
+        print(f"exactly_once: off / on per round {', '.join(f'{x:.3f}' for x in ratios)}; "
+              f"median rows/s on {med:,.0f}, off {u:,.0f}, off / on {u / med:.3f}; median "
+              f"CPU us/row committer on {cpu(runs, 'committer'):.2f} off "
+              f"{cpu(unonce, 'committer'):.2f}, JVM on {cpu(runs, 'jvm'):.2f} off "
+              f"{cpu(unonce, 'jvm'):.2f}")
     if varied:
         print(f"per stage, median CPU us/row (commit {args.commit}): " + "  ".join(
             f"{k} {statistics.median(r['us_per_row'][k] for r in varied):.1f}"

@@ -12,9 +12,9 @@ The daemon calls :func:`plan` once and hands the result to the topology builder:
   every committer, which then reads the new values.
 * ``settings`` (:func:`sink_settings`): the keyword arguments of
   :class:`offbroadway.stages.spark.spark_sink.SparkSink` (minus ``writer_id``/``on_wait``) plus
-  the committer's ``commit_rows`` and ``commit_interval``, JSON-serialisable and
-  token-free: it travels in the stage spec, which is visible in ``/proc/<pid>/environ``
-  and may end up in logs.
+  the committer's ``commit_rows``, ``commit_interval`` and ``exactly_once``,
+  JSON-serialisable and token-free: it travels in the stage spec, which is visible in
+  ``/proc/<pid>/environ`` and may end up in logs.
 
 The token lives only in these closures and in the two child environments; it is never
 printed, logged or part of a spec the daemon shows.  Spark's files (log, pid, scratch)
@@ -97,8 +97,10 @@ def sink_settings(spark: SparkConfig, state_dir: str = "") -> dict[str, Any]:
     commit's, token-free (only where a remote's token is, never the token)."""
     settings: dict[str, Any] = {
         "staging": spark.staging or (staging_root(state_dir) if state_dir else None),
-        # the committers' journals of commit stamps (stages/spark/spark_once.py): local state
+        # the committers' journals of commit stamps (stages/spark/spark_once.py): local state;
+        # none without exactly_once (no journal, no ids in doubt: at-least-once)
         "journal": os.path.join(state_dir, "spark-commits") if state_dir else None,
+        "exactly_once": spark.exactly_once,
         "output": spark.output, "format": spark.format, "table": spark.table or None,
         "partition_by": list(spark.partition_by), "schema": spark.schema or None,
         "write_retry_seconds": spark.write_retry_seconds,

@@ -345,17 +345,20 @@ def build(config: Config, *, stage_env: Callable[[str], dict[str, str]] | None =
         committer = None
         bp_spark = None
         cid = ""
+        bp_demand = batch_processor_demand(
+            b, spark_settings["commit_rows"] if spark_settings is not None else None)
         if spark_settings is not None:
             cid = committer_id(key)
             topo.committers.append(cid)
             bp_spark = {"partition_by": list(spark_settings.get("partition_by") or [])}
-            # waits for its running job at shutdown (bounded by write_timeout)
+            # waits for its running job at shutdown (bounded by write_timeout); it keeps
+            # the files of as many committed batches per batch processor as one may hold
+            # unacked (its demand), whose ids are in doubt if it restarts
             committer = worker(StageSpec(id=cid, role=COMMITTER, batcher=key,
-                                         spark=spark_settings, **base),
+                                         spark={**spark_settings, "peer_batches": bp_demand},
+                                         **base),
                                heartbeat=b.heartbeat_timeout, env_fn=committer_env,
                                shutdown=max(10.0, p.shutdown_timeout))
-        bp_demand = batch_processor_demand(
-            b, spark_settings["commit_rows"] if spark_settings is not None else None)
         batcher = worker(StageSpec(
             id=bid, role=BATCHER, upstream=tuple(topo.processors), batcher=key,
             batch_size=b.batch_size, batch_bytes=b.batch_bytes, batch_timeout=b.batch_timeout,

@@ -38,14 +38,14 @@ from ..runtime.spec import StageSpec
 from ..runtime.stage import Stage, StageExit
 from ..spark import spark_rows
 from ..spark.spark_commit import DEFAULT_INTERVAL, DEFAULT_ROWS, CommitGroups, Handed
-from ..spark.spark_once import RECOVER, WATCH, Doubt, Journal, RecentFiles
+from ..spark.spark_once import PEER_BATCHES, RECOVER, WATCH, Doubt, Journal, RecentFiles
 from ..spark.spark_staging import StagingDir, default_root
 from ..wire import commands, spark_wire
 
 log = logging.getLogger("offbroadway.committer")
 
 #: settings in the spec's ``spark`` dict that are the committer's, not the sink's
-GROUP_KEYS = ("commit_rows", "commit_interval")
+GROUP_KEYS = ("commit_rows", "commit_interval", "exactly_once", "peer_batches")
 
 
 class CommitterStage(Stage):
@@ -61,9 +61,16 @@ class CommitterStage(Stage):
         self.staging_root = root.rstrip("/") + "/" + spec.batcher
         journals = settings.pop("journal", None) or os.path.join(
             spec.state_dir or spec.runtime_dir, "spark-commits")
-        self.journal = Journal(os.path.join(journals, f"{spec.pipeline}.{spec.batcher}"))
+        #: ``[spark] exactly_once = false``: no journal of commit stamps, no ids in doubt
+        #: (a restart may write again what its last commits held: at-least-once)
+        self.once = bool(settings.pop("exactly_once", True))
+        self.journal = Journal(os.path.join(journals, f"{spec.pipeline}.{spec.batcher}")) \
+            if self.once else None
         self.doubt = Doubt()
-        self.recent = RecentFiles()
+        # a batch processor's answered batches not yet acked are at most its demand (the
+        # topology's, given here): all of their files are kept (at least PEER_BATCHES)
+        self.recent = RecentFiles(max(PEER_BATCHES,
+                                      int(settings.pop("peer_batches", None) or 0)))
         #: batch processors seen saying hello (a second hello: a new incarnation)
         self._seen: set[bytes] = set()
         #: a batch processor restarted while a job ran: its batches are all in doubt
@@ -165,7 +172,7 @@ class CommitterStage(Stage):
         if gone:
             log.info("%s: %s restarted; %d of its batches not yet in a job dropped (they "
                      "are delivered again)", self.id, peer.decode(errors="replace"), len(gone))
-        if self.staging is not None and peer in self._seen:
+        if self.staging is not None and peer in self._seen and self.once:
             # a new incarnation: the producers took back every message in flight
             self._taken_back(self.recent.pop(peer))
         self._seen.add(peer)
@@ -182,7 +189,7 @@ class CommitterStage(Stage):
         """The daemon says the sources take back what was in flight (a producer restarts,
         or the live ones requeue what a crash lost): no batch processor of ours need
         restart for it (a producer's death), so its hello cannot tell us."""
-        if self.staging is None:
+        if self.staging is None or not self.once:
             return
         log.info("%s: the sources deliver again what was in flight (%s): the recent "
                  "commits and the next %d row(s) are checked for rows already written",
@@ -357,7 +364,7 @@ class CommitterStage(Stage):
             except CommitFailed as exc:   # Spark unreachable: the first batch decides
                 log.warning("%s: could not read the dataset's schema (%s); the first batch "
                             "fixes it", self.id, exc.reason)
-        stamps = self.journal.last(RECOVER)
+        stamps = self.journal.last(RECOVER) if self.journal is not None else []
         if stamps:
             try:
                 ids = self.sink.ids_of(self.spec.batcher, stamps)
@@ -383,7 +390,8 @@ class CommitterStage(Stage):
         assert self.staging is not None and schema is not None
         uri = self.staging.spark_uri
         stamp = self.sink.next_stamp()
-        self.journal.record(stamp)   # durably before the job: a crash leaves it in doubt
+        if self.journal is not None:   # durably before the job: a crash leaves it in doubt
+            self.journal.record(stamp)
         try:
             self.sink.commit_files(self.spec.batcher, [uri(h.file) for h in job], schema,
                                    stamp=stamp)
@@ -396,7 +404,8 @@ class CommitterStage(Stage):
         for h in job:
             try:
                 stamp = self.sink.next_stamp()
-                self.journal.record(stamp)
+                if self.journal is not None:
+                    self.journal.record(stamp)
                 self.sink.commit_files(self.spec.batcher, [uri(h.file)], schema, stamp=stamp)
             except CommitFailed as exc:
                 errors[id(h)] = exc.reason
@@ -420,6 +429,9 @@ class CommitterStage(Stage):
         committed = []
         for h in items:
             if errors is None or id(h) in errors:
+                gone.append(h.file)
+                continue
+            if not self.once:   # nobody will read its ids again
                 gone.append(h.file)
                 continue
             committed.append(h.file)

@@ -3,7 +3,7 @@
 The pure core of the committer (:mod:`.committer`): no Spark, no sockets, no clock of its
 own (callers pass ``now``).  Why group at all: a Spark write costs ~100-270 ms whatever
 its size (docs/design-spark.md §7), so one job per 2,000-row Broadway batch spends most
-of its time in that fixed cost, and one job per 50,000 rows does not.
+of its time in that fixed cost, and one job per 200,000 rows does not.
 
 The rule, the one databases use for group commit:
 
@@ -24,11 +24,11 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-#: Defaults, sized from the measured fixed cost per write (100-270 ms): at 50,000 rows
-#: the fixed cost is ~20-40% of a job at Spark's ~130-170k rows/s, and the committer
-#: overlaps the next group's gathering with the running job.
-DEFAULT_ROWS = 50_000
-DEFAULT_INTERVAL = 1.0
+#: Defaults (daemon/config.py keeps the same), chosen from the end-to-end measurements in
+#: docs/benchmarks.md ("Larger commits"): jobs of 200,000 rows or 4 s cost the JVM 7.5 us a
+#: row against 19.7 at 50,000 or 1 s; a lone batch waits at most the interval.
+DEFAULT_ROWS = 200_000
+DEFAULT_INTERVAL = 4.0
 
 
 @dataclass

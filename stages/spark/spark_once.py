@@ -54,8 +54,9 @@ KEEP = 16
 #: the jobs a crash can leave committed but not acknowledged: the one running and the
 #: ones just before whose answers may not have reached their batch processors yet
 RECOVER = 3
-#: committed batches remembered per batch processor (its unacknowledged answers are at
-#: most its ``max_demand`` batches, sized by the topology to ~51 for the README's config)
+#: committed batches remembered per batch processor, at least (its unacknowledged answers
+#: are at most its ``max_demand`` batches, which the topology gives the committer as
+#: ``peer_batches``: 201 for the README's config)
 PEER_BATCHES = 128
 #: seconds after which ids still in doubt are forgotten
 HORIZON = 600.0

@@ -132,7 +132,7 @@ def test_nats_gets_the_auto_prefetch_and_the_starvation_warning() -> None:
 
 def _rabbit_spark(producers: int = 1, **options) -> dict:
     """The README's job (two processors of 1000, batches of 2000, default Spark groups of
-    50,000 rows) reading RabbitMQ."""
+    200,000 rows) reading RabbitMQ."""
     raw = copy.deepcopy(BASE)
     raw["producer"] = {"source": "rabbitmq", "concurrency": producers,
                        "options": {"queue": "orders", **options}}
@@ -149,7 +149,7 @@ def _spark_settings(config) -> dict:
 
 def test_auto_prefetch_with_spark_fits_amqp_and_keeps_two_groups_in_flight() -> None:
     """With Spark, two commit groups per batcher are in flight (one written, one gathering):
-    106,000 messages for one producer at the default 50,000 rows, which basic.qos cannot say
+    406,000 messages for one producer at the default 200,000 rows, which basic.qos cannot say
     (16 bits).  "auto" must be a window the broker accepts and that the tree, as built,
     holds exactly: the committers' group shrinks to what that window feeds, so Spark never
     waits for rows the broker holds back."""
@@ -158,7 +158,7 @@ def test_auto_prefetch_with_spark_fits_amqp_and_keeps_two_groups_in_flight() -> 
     from offbroadway.stages.sources.rabbitmq.settings import parse_options
 
     config = validate(_rabbit_spark()).config
-    assert config.spark.commit_rows == 50_000
+    assert config.spark.commit_rows == 200_000
     topo = build(config, spark_settings=_spark_settings(config))
     producer = StageSpec.from_env(topo.root.children[0].children[0].env())
     auto = producer.source_options["auto_prefetch"]
@@ -167,36 +167,42 @@ def test_auto_prefetch_with_spark_fits_amqp_and_keeps_two_groups_in_flight() -> 
     assert auto == tree_holds <= 65535                     # what the tree holds, sayable
     assert parse_options(producer.source_options).prefetch_count == auto   # not clipped
     rows = topo.specs["committer_spark"].spark["commit_rows"]
-    assert 0 < rows < 50_000
+    assert 0 < rows < 200_000
     assert bp.max_demand * 2000 >= 2 * rows                # two groups in flight fit
 
     from offbroadway.daemon.topology import auto_window, held
 
     window = auto_window(config)
     assert (window.prefetch, window.commit_rows) == (auto, rows)
-    assert window.held == held(config, 50_000) == 106_000
+    assert window.held == held(config, 200_000) == 406_000
     assert held(config, rows + 1) > 65535                  # the largest group that fits
-    assert "65,535" in window.note and "106,000" in window.note and not window.waits
-    assert "producer.concurrency = 2" in window.note
+    assert rows == 29_000 and auto == 64_000
+    assert "65,535" in window.note and "406,000" in window.note and not window.waits
+    assert "producer.concurrency = 7" in window.note
 
 
 def test_auto_prefetch_is_left_whole_where_it_fits_or_is_explicit() -> None:
     from offbroadway.daemon.topology import auto_window, build
 
-    # two producers: 53,000 each fits basic.qos, the groups stay at 50,000
-    two = validate(_rabbit_spark(producers=2)).config
+    # seven producers: 58,000 each fits basic.qos, the groups stay at 200,000
+    seven = validate(_rabbit_spark(producers=7)).config
+    assert auto_window(seven).prefetch == 58_000 and auto_window(seven).commit_rows == 200_000
+    assert auto_window(seven).note is None
+    # smaller groups set by hand: two producers of 53,000 keep groups of 50,000
+    raw = _rabbit_spark(producers=2)
+    raw["spark"]["commit_rows"] = 50_000
+    two = validate(raw).config
     assert auto_window(two).prefetch == 53_000 and auto_window(two).commit_rows == 50_000
-    assert auto_window(two).note is None
     # NATS has no 16-bit field: the whole window
     raw = _rabbit_spark()
     raw["producer"] = {"source": "nats", "options": {"stream": "orders"}}
     nats = validate(raw).config
-    assert (auto_window(nats).prefetch, auto_window(nats).commit_rows) == (106_000, 50_000)
+    assert (auto_window(nats).prefetch, auto_window(nats).commit_rows) == (406_000, 200_000)
     # an explicit prefetch_count is the user's: the groups keep their size
     fixed = validate(_rabbit_spark(prefetch_count=5000)).config
-    assert auto_window(fixed).commit_rows == 50_000
+    assert auto_window(fixed).commit_rows == 200_000
     topo = build(fixed, spark_settings=_spark_settings(fixed))
-    assert topo.specs["committer_spark"].spark["commit_rows"] == 50_000
+    assert topo.specs["committer_spark"].spark["commit_rows"] == 200_000
 
 
 def test_rate_limit_is_validated() -> None:
@@ -238,6 +244,23 @@ def test_spark_conf_is_flattened_and_checked() -> None:
     raw["spark"]["remote"] = "sc://spark.example:15002"
     with pytest.raises(ConfigError, match=r"^spark\.conf: .*remote"):
         validate(raw)
+
+
+def test_spark_defaults_and_the_exactly_once_switch() -> None:
+    """Groups of 200,000 rows or 4 s by default; ``exactly_once`` on by default, off on
+    request (the committer is told through its settings), anything else refused on one
+    line naming the key."""
+    spark = validate(BASE).config.spark
+    assert (spark.commit_rows, spark.commit_interval, spark.exactly_once) == \
+        (200_000, 4.0, True)
+    assert _spark_settings(validate(BASE).config)["exactly_once"] is True
+    off = validate(with_("spark.exactly_once", False)).config
+    assert off.spark.exactly_once is False and _spark_settings(off)["exactly_once"] is False
+    for bad in ("no", 0, 1, "false"):
+        with pytest.raises(ConfigError) as err:
+            validate(with_("spark.exactly_once", bad))
+        assert str(err.value).startswith("spark.exactly_once: expected a boolean"), err.value
+        assert "\n" not in str(err.value)
 
 
 def test_reload_refuses_a_spark_change_naming_the_key() -> None:

@@ -564,6 +564,24 @@ def test_sigkill_of_the_whole_process_group_then_a_rerun_writes_each_line_once(
     assert not list((short_tmp / "spool").glob("*.jsonl"))
 
 
+def example_config(short_tmp: Path, spool: Path, out: Path, spark_server) -> Path:
+    """config/example.toml as shipped, with the spool, output, runtime dirs and metrics
+    port moved into the test's dir and Spark the suite's server (``remote``)."""
+    text = (REPO / "config" / "example.toml").read_text()
+    text = text.replace('path = "var/spool"', f"path = {json.dumps(str(spool))}")
+    text = text.replace('output = "var/orders"', f"output = {json.dumps(str(out))}")
+    text = text.replace('listen = "127.0.0.1:9464"', 'listen = ""')
+    text = text.replace('dir = "var/run"', f"dir = {json.dumps(str(short_tmp / 'run'))}")
+    text = text.replace('state_dir = "var/state"',
+                        f"state_dir = {json.dumps(str(short_tmp / 'state'))}")
+    text = text.replace("[spark]\n", f"[spark]\nremote = {json.dumps(spark_server.remote)}\n"
+                                      f"token_env = {json.dumps(TOKEN_ENV)}\n")
+    assert str(short_tmp) in text and str(out) in text and str(spool) in text
+    config = short_tmp / "example.toml"
+    config.write_text(text)
+    return config
+
+
 def test_the_readme_job_twice_adds_rows_to_the_same_dataset(short_tmp: Path, spark_server,
                                                             spark) -> None:
     """config/example.toml as shipped (the spool, output, runtime dirs and metrics port
@@ -581,18 +599,8 @@ def test_the_readme_job_twice_adds_rows_to_the_same_dataset(short_tmp: Path, spa
     (spool / "a.jsonl").write_text("\n".join(lines[:1500]) + "\n")
     raw = tomllib.loads((REPO / "config" / "example.toml").read_text())
     out = short_tmp / "orders"
-    text = (REPO / "config" / "example.toml").read_text()
-    text = text.replace('path = "var/spool"', f"path = {json.dumps(str(spool))}")
-    text = text.replace('output = "var/orders"', f"output = {json.dumps(str(out))}")
-    text = text.replace('listen = "127.0.0.1:9464"', 'listen = ""')
-    text = text.replace('dir = "var/run"', f"dir = {json.dumps(str(short_tmp / 'run'))}")
-    text = text.replace('state_dir = "var/state"',
-                        f"state_dir = {json.dumps(str(short_tmp / 'state'))}")
-    text = text.replace("[spark]\n", f"[spark]\nremote = {json.dumps(spark_server.remote)}\n"
-                                      f"token_env = {json.dumps(TOKEN_ENV)}\n")
-    assert raw["spark"]["output"] == "var/orders" and str(short_tmp) in text
-    config = short_tmp / "example.toml"
-    config.write_text(text)
+    assert raw["spark"]["output"] == "var/orders"
+    config = example_config(short_tmp, spool, out, spark_server)
     env = daemon_env(spark_server)
 
     wrote = re.compile(rf"^orders: wrote (\d+) rows to {re.escape(str(out))}/spark \(parquet\)$",

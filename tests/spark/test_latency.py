@@ -1,0 +1,67 @@
+"""A lone message lands within a few seconds with the shipped Spark defaults.
+
+Under load the row count starts the Spark jobs; a lone message waits instead for
+``batch_timeout`` in its batcher and ``commit_interval`` in the committer, then one job.
+So with config/example.toml as shipped, a line dropped into an idle pipeline's spool is in
+the dataset after ``batch_timeout + commit_interval`` and before that plus the spool's
+scan interval and one job's time (docs/config.md, docs/design-spark.md §4).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+from offbroadway.daemon.config import load_config
+
+from tests.conftest import REPO, offbroadway_cmd, wait_until
+from tests.spark.test_pipeline_spark import daemon_env, example_config, rows
+
+pytestmark = pytest.mark.spark
+
+#: one Spark job on the warm dataset, with room for a loaded machine
+ONE_JOB = 3.0
+
+
+def test_a_lone_line_lands_within_batch_timeout_plus_commit_interval(short_tmp: Path,
+                                                                     spark_server) -> None:
+    spool, out = short_tmp / "spool", short_tmp / "orders"
+    spool.mkdir()
+    config = example_config(short_tmp, spool, out, spark_server)
+    loaded = load_config(str(config)).config
+    assert "commit_interval" not in tomllib.loads(config.read_text())["spark"]   # the default
+    batch_timeout = loaded.batchers["spark"].batch_timeout
+    interval = loaded.spark.commit_interval
+    scan = 1.0   # the spool's default scan_interval
+    assert batch_timeout + interval <= 5.0, "a lone message should land within a few seconds"
+    lines = (REPO / "examples" / "spool" / "orders-0000.jsonl").read_text().splitlines()
+
+    def drop(name: str, line: str) -> float:
+        tmp = spool / f".{name}.tmp"
+        tmp.write_text(line + "\n")
+        tmp.rename(spool / f"{name}.jsonl")
+        return time.monotonic()
+
+    daemon = subprocess.Popen(offbroadway_cmd("run", str(config)), cwd=REPO,
+                              env=daemon_env(spark_server), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        # the first line creates the dataset (its first commit fixes the schema)
+        drop("a", lines[0])
+        wait_until(lambda: rows(out, "spark"), timeout=120, interval=0.2,
+                   message="the first row")
+        # then one line alone, timed to its row in the dataset
+        t0 = drop("b", lines[1])
+        wait_until(lambda: len(rows(out, "spark")) == 2, timeout=60, interval=0.1,
+                   message="the lone line's row")
+        took = time.monotonic() - t0
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        _, err = daemon.communicate(timeout=120)
+    assert daemon.returncode == 0, err[-3000:]
+    assert batch_timeout + interval - 0.2 <= took <= scan + batch_timeout + interval + ONE_JOB, \
+        f"the lone line took {took:.2f} s"
