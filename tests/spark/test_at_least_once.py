@@ -27,11 +27,12 @@ pytestmark = pytest.mark.spark
 @pytest.mark.parametrize("once", [True, False])
 def test_the_journal_is_kept_only_with_exactly_once(short_tmp: Path, spark_server,
                                                      once: bool) -> None:
-    n = 3000
-    write_spool(short_tmp / "spool", n, files=2)
+    n = 2000
+    write_spool(short_tmp / "spool", n, files=2, extra={"route": "default"})
     out = short_tmp / "dataset"
-    config = make_config(short_tmp, batchers={"default": {"batch_size": 500,
-                                                          "batch_timeout": 0.5}})
+    # the whole run is the drain (the spool is read at once): room for slow Spark jobs
+    config = make_config(short_tmp, shutdown_timeout=120.0, batchers={
+        "default": {"batch_size": 500, "batch_timeout": 0.5}})
     extra = {} if once else {"exactly_once": False}
     config.write_text(config.read_text() + spark_section(
         out, remote=spark_server.remote, token_env=TOKEN_ENV, commit_rows=1000,

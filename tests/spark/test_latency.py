@@ -2,9 +2,12 @@
 
 Under load the row count starts the Spark jobs; a lone message waits instead for
 ``batch_timeout`` in its batcher and ``commit_interval`` in the committer, then one job.
-So with config/example.toml as shipped, a line dropped into an idle pipeline's spool is in
-the dataset after ``batch_timeout + commit_interval`` and before that plus the spool's
-scan interval and one job's time (docs/config.md, docs/design-spark.md §4).
+So with config/example.toml as shipped, the job that writes a line dropped into an idle
+pipeline's spool starts after ``batch_timeout + commit_interval`` and before that plus the
+spool's scan interval and the hand-offs between the stages; the row is in the dataset one
+job later (docs/config.md, docs/design-spark.md §4).  The job's start is read from the row
+itself (``ingested_at``, the commit's stamp, taken as its job starts): the job's own
+time, long on a loaded machine, is not the bound's business.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import signal
 import subprocess
 import time
 import tomllib
+from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -23,8 +27,8 @@ from tests.spark.test_pipeline_spark import daemon_env, example_config, rows
 
 pytestmark = pytest.mark.spark
 
-#: one Spark job on the warm dataset, with room for a loaded machine
-ONE_JOB = 3.0
+#: the hand-offs between stages (frames, a Parquet file staged), on a loaded machine
+HANDOFFS = 2.0
 
 
 def test_a_lone_line_lands_within_batch_timeout_plus_commit_interval(short_tmp: Path,
@@ -44,7 +48,7 @@ def test_a_lone_line_lands_within_batch_timeout_plus_commit_interval(short_tmp: 
         tmp = spool / f".{name}.tmp"
         tmp.write_text(line + "\n")
         tmp.rename(spool / f"{name}.jsonl")
-        return time.monotonic()
+        return time.time()
 
     daemon = subprocess.Popen(offbroadway_cmd("run", str(config)), cwd=REPO,
                               env=daemon_env(spark_server), stdout=subprocess.PIPE,
@@ -56,12 +60,16 @@ def test_a_lone_line_lands_within_batch_timeout_plus_commit_interval(short_tmp: 
                    message="the first row")
         # then one line alone, timed to its row in the dataset
         t0 = drop("b", lines[1])
-        wait_until(lambda: len(rows(out, "spark")) == 2, timeout=60, interval=0.1,
-                   message="the lone line's row")
-        took = time.monotonic() - t0
+        found = wait_until(lambda: [r for r in rows(out, "spark")
+                                    if r["message_id"].startswith("b.jsonl")],
+                           timeout=60, interval=0.2, message="the lone line's row")
+        landed = time.time() - t0
     finally:
         daemon.send_signal(signal.SIGTERM)
         _, err = daemon.communicate(timeout=120)
     assert daemon.returncode == 0, err[-3000:]
-    assert batch_timeout + interval - 0.2 <= took <= scan + batch_timeout + interval + ONE_JOB, \
-        f"the lone line took {took:.2f} s"
+    stamp = found[0]["ingested_at"]
+    started = (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).timestamp() - t0
+    assert batch_timeout + interval - 0.2 <= started <= \
+        scan + batch_timeout + interval + HANDOFFS, \
+        f"the lone line's job started {started:.2f} s after it (in the dataset {landed:.2f} s)"
