@@ -35,8 +35,9 @@ commit_rows`` and ``commit_interval`` set so: how the commit size moves the JVM'
 on, its default) and the same with ``exactly_once = false`` (no journal of commit stamps,
 no check of ids in doubt), one after the other, the order swapped every round: prints
 both rates, their ratio (off / on) and the committer's and the JVM's CPU per row of each,
-so that the cost of the mechanism shows.  ``--once off`` runs the shipped config with the
-mechanism off instead (``on``, the default, as shipped).
+so that the cost of the mechanism shows (use an even number of rounds: the first run
+warms the JVM, and the swap gives each side that once).  ``--once off`` runs the shipped
+config with the mechanism off instead (``on``, the default, as shipped).
 
 Prints each run, the ratios per round (pipeline / loop, pipeline / alone), the medians,
 and the per-stage CPU per row.
