@@ -160,7 +160,7 @@ class BatchProcessorStage(Stage):
 
 
 class _SparkHandoff:
-    """The batch processor's side of its committer (:mod:`.spark_wire` records)."""
+    """The batch processor's side of its committer (:mod:`.protocol`'s Spark hand-off)."""
 
     def __init__(self, stage: BatchProcessorStage) -> None:
         self.stage = stage
@@ -181,12 +181,10 @@ class _SparkHandoff:
         return bool(self.pending or self.queued)
 
     def connect(self) -> None:
-        from ..wire import spark_wire
-
         stage = self.stage
         self.sock = stage.dealer(stage.spec.committer)
         stage.register(self.sock, self._on_committer)
-        self.sock.send(spark_wire.hello())
+        self.sock.send(protocol.hello())
 
     def hand_off(self, up: Any, trigger: str, messages: list[Message],
                  rows: list[Message]) -> None:
@@ -196,7 +194,6 @@ class _SparkHandoff:
         import pyarrow as pa
 
         from ..spark import spark_rows
-        from ..wire import spark_wire
 
         converted = spark_rows.convert(rows, self.schema, self.partition_by, self.schema_error)
         if self.schema is None:
@@ -221,12 +218,10 @@ class _SparkHandoff:
             return
         if self.schema_ipc is None or not self.schema_ipc[0].equals(table.schema):
             self.schema_ipc = (table.schema, spark_rows.schema_to_ipc(table.schema))
-        self.sock.send(spark_wire.commit(ref, trigger, len(table), name, self.schema_ipc[1]))
+        self.sock.send(protocol.commit(ref, trigger, len(table), name, self.schema_ipc[1]))
         self.pending[ref] = (up, messages, rows, time.perf_counter())
 
     def _on_committer(self, sock: zmq.Socket) -> None:
-        from ..wire import spark_wire
-
         stage = self.stage
         while True:
             try:
@@ -234,28 +229,29 @@ class _SparkHandoff:
             except zmq.Again:
                 break
             try:
-                msg = spark_wire.decode(frame)
-            except spark_wire.WireError as exc:
+                msg = protocol.decode(frame)
+            except protocol.ProtocolError as exc:
                 stage.counters["malformed"] += 1
                 log.warning("%s: dropped a malformed frame from the committer: %s", stage.id, exc)
                 continue
-            if msg[0] == spark_wire.SCHEMA:
+            kind = msg[protocol.KIND_AT]
+            if kind == protocol.SCHEMA:
                 from ..spark.spark_staging import StagingDir
 
-                self._adopt(msg[1])
-                self.schema_error = msg[2]
-                self.staging = StagingDir(msg[3])
+                self._adopt(msg[protocol.SCHEMA_IPC])
+                self.schema_error = msg[protocol.SCHEMA_ERROR]
+                self.staging = StagingDir(msg[protocol.SCHEMA_STAGING])
                 self.schema_known = True
                 queued, self.queued = self.queued, []
                 for item in queued:
                     self.hand_off(*item)
-            elif msg[0] == spark_wire.RESULT:
-                ref, error, schema_ipc = msg[1:]
-                entry = self.pending.pop(ref, None)
+            elif kind == protocol.RESULT:
+                entry = self.pending.pop(msg[protocol.RESULT_REF], None)
                 if entry is None:
                     continue   # an answer for an earlier incarnation of this stage
-                self._adopt(schema_ipc)
+                self._adopt(msg[protocol.RESULT_SCHEMA])
                 up, messages, rows, t0 = entry
+                error = msg[protocol.RESULT_ERROR]
                 if error:
                     for m in rows:
                         if m.status is None:

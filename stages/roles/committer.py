@@ -1,10 +1,10 @@
 """The committer stage: one per Spark batcher key, the only writer of that key's dataset.
 
 Batch processors stage their batches as Parquet files (:mod:`.spark_staging`) and hand
-it the names (:mod:`.spark_wire`); it groups the files of all of them into one Spark job
-when enough rows or enough time gathered (:mod:`.spark_commit`, the pure rule): Spark
-reads the group with its vectorised reader and appends it to the dataset, and the
-committer answers each batch once the job holding it committed (or failed).  The batch
+it the names (:mod:`.protocol`'s Spark hand-off); it groups the files of all of them into
+one Spark job when enough rows or enough time gathered (:mod:`.spark_commit`, the pure
+rule): Spark reads the group with its vectorised reader and appends it to the dataset,
+and the committer answers each batch once the job holding it committed (or failed).  The batch
 processor acks a batch only on that answer.  The committer never touches the dataset
 itself (only Spark writes there); it removes staged files once their job is over.
 
@@ -40,7 +40,7 @@ from ..spark import spark_rows
 from ..spark.spark_commit import DEFAULT_INTERVAL, DEFAULT_ROWS, CommitGroups, Handed
 from ..spark.spark_once import PEER_BATCHES, RECOVER, WATCH, Doubt, Journal, RecentFiles
 from ..spark.spark_staging import StagingDir, default_root
-from ..wire import commands, spark_wire
+from ..wire import commands, protocol
 
 log = logging.getLogger("offbroadway.committer")
 
@@ -151,18 +151,22 @@ class CommitterStage(Stage):
                 self.counters["malformed"] += 1
                 continue
             try:
-                msg = spark_wire.decode(frame)
-                if msg[0] == spark_wire.HELLO:
+                msg = protocol.decode(frame)
+                if msg[protocol.KIND_AT] == protocol.HELLO:
                     self._on_hello(peer)
-                elif msg[0] == spark_wire.COMMIT:
-                    ref, trigger, rows, name, schema_ipc = msg[1:]
-                    if not isinstance(name, str) or "/" in name or name.startswith("."):
+                elif msg[protocol.KIND_AT] == protocol.COMMIT:
+                    name, rows = msg[protocol.COMMIT_FILE], msg[protocol.COMMIT_ROWS]
+                    if "/" in name or name.startswith("."):
                         raise ValueError(f"not a staged file name: {name!r}")
-                    self.groups.add(Handed(peer, int(ref), int(rows), str(trigger),
-                                           time.monotonic(), name, bytes(schema_ipc)))
-                    self.counters["in"] += int(rows)
+                    self.groups.add(Handed(peer, msg[protocol.COMMIT_REF], rows,
+                                           msg[protocol.COMMIT_TRIGGER], time.monotonic(),
+                                           name, msg[protocol.COMMIT_SCHEMA]))
+                    self.counters["in"] += rows
                     self.counters["batches"] += 1
-            except (spark_wire.WireError, pa.ArrowException, TypeError, ValueError) as exc:
+                else:
+                    raise protocol.ProtocolError(
+                        f"{protocol.KIND_NAMES[msg[protocol.KIND_AT]]} is not for a committer")
+            except (pa.ArrowException, TypeError, ValueError) as exc:   # ProtocolError too
                 self.counters["malformed"] += 1
                 log.warning("%s: dropped a malformed frame from %r: %s", self.id, peer, exc)
         self._maybe_start()
@@ -208,7 +212,7 @@ class CommitterStage(Stage):
 
     def _schema_frame(self) -> bytes:
         assert self.staging is not None
-        return spark_wire.schema(self._schema_ipc(), self.schema_error, self.staging.uri)
+        return protocol.schema(self._schema_ipc(), self.schema_error, self.staging.uri)
 
     def _send(self, peer: bytes, frame: bytes) -> None:
         try:
@@ -509,4 +513,4 @@ class CommitterStage(Stage):
         # the acks those answers bring about
         self._report_now()
         for h in items:
-            self._send(h.peer, spark_wire.result(h.ref, errors.get(id(h)), schema_ipc))
+            self._send(h.peer, protocol.result(h.ref, errors.get(id(h)), schema_ipc))

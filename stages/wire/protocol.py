@@ -73,6 +73,29 @@ Control plane (stage ↔ daemon, over the daemon's hub socket):
 COMMAND        daemon → stage        name, args (dict)
 REPORT         stage → daemon        name, body (dict): ``stats``, ``idle``, ``done``…
 =============  ====================  ====================================================
+
+Spark hand-off (a batch processor and its batcher's committer, over the committer's ROUTER;
+the batch processor connects a DEALER under its stage id).  Rows do not travel here: a
+batch processor writes its batch as a Parquet file into the staging area
+(:mod:`.spark_staging`) and hands over the file's name; Spark reads the files of a
+whole group in one job.  Frames carry names and schemas, never rows.
+
+=============  ======================  ==================================================
+HELLO          batch proc → committer  (none): a new incarnation; the committer forgets
+                                       the batches of the previous one that no job holds
+                                       yet and answers with SCHEMA
+SCHEMA         committer → batch proc  schema (Arrow IPC schema bytes, or None: not fixed
+                                       yet), error (str or None: every row fails with it,
+                                       e.g. a DDL Spark cannot parse), staging (str: the
+                                       URI of the directory where this batcher's batches
+                                       are staged)
+COMMIT         batch proc → committer  ref (int), trigger (str), rows (int), file (str:
+                                       the staged file's name), schema (the file's Arrow
+                                       schema, IPC bytes)
+RESULT         committer → batch proc  ref, error (None: the Spark job holding the batch
+                                       committed), schema (the dataset's schema, IPC
+                                       bytes or None)
+=============  ======================  ==================================================
 """
 
 from __future__ import annotations
@@ -106,6 +129,9 @@ BATCH_KEY, BATCH_TRIGGER, BATCH_PACKED = 1, 2, 3
 RETURN_PACKED = 1
 ACK_OK, ACK_FAILED = 1, 2
 COMMAND_NAME, COMMAND_ARGS = 1, 2
+SCHEMA_IPC, SCHEMA_ERROR, SCHEMA_STAGING = 1, 2, 3
+COMMIT_REF, COMMIT_TRIGGER, COMMIT_ROWS, COMMIT_FILE, COMMIT_SCHEMA = 1, 2, 3, 4, 5
+RESULT_REF, RESULT_ERROR, RESULT_SCHEMA = 1, 2, 3
 
 #: zmq.EVENTS and zmq.POLLIN as plain ints: readiness is checked before every read, and
 #: pyzmq's enum flags cost microseconds per operation
@@ -132,13 +158,35 @@ RETRACTED = 9
 COMMAND = 10
 REPORT = 11
 RETURN = 12
+HELLO = 13
+SCHEMA = 14
+COMMIT = 15
+RESULT = 16
 
 #: kind -> number of fields after [VERSION, KIND]
 _ARITY = {SUBSCRIBE: 4, ASK: 1, EVENTS: 3, CANCEL: 1, ACK: 2, BATCH: 3, SUBSCRIBED: 2,
-          RETRACT: 1, RETRACTED: 1, RETURN: 1, COMMAND: 2, REPORT: 2}
+          RETRACT: 1, RETRACTED: 1, RETURN: 1, COMMAND: 2, REPORT: 2, HELLO: 0, SCHEMA: 3,
+          COMMIT: 5, RESULT: 3}
 KIND_NAMES = {SUBSCRIBE: "subscribe", ASK: "ask", EVENTS: "events", CANCEL: "cancel",
               ACK: "ack", BATCH: "batch", SUBSCRIBED: "subscribed", RETRACT: "retract",
-              RETRACTED: "retracted", RETURN: "return", COMMAND: "command", REPORT: "report"}
+              RETRACTED: "retracted", RETURN: "return", COMMAND: "command", REPORT: "report",
+              HELLO: "hello", SCHEMA: "schema", COMMIT: "commit", RESULT: "result"}
+
+#: Why a subscription ends: the reason a CANCEL carries (GenStage's cancel reasons, as
+#: named constants: every stage compares against these, never a string of its own).
+#: The upstream is done (it drained, or it stops): no more events will come.
+CANCEL_SHUTDOWN = "shutdown"
+#: A consumer a resize removes is leaving; its producer answers with the same reason,
+#: after every event it sent, so everything sent arrived before the answer.
+CANCEL_LEAVING = "leaving"
+#: An ask or a cancel for a subscription this producer does not know (it restarted): what
+#: the consumer had out there is void, and the daemon's resubscribe follows.
+CANCEL_UNKNOWN = "unknown subscription"
+#: The answer to a consumer's cancel of a subscription that is not leaving.
+CANCEL_UNSUBSCRIBED = "unsubscribed"
+#: A subscription the dispatcher refuses (a partition it does not have…): the reason
+#: follows this prefix, ``"bad subscription: <why>"``.
+CANCEL_BAD_SUBSCRIPTION = "bad subscription"
 
 
 class ProtocolError(ValueError):
@@ -296,6 +344,26 @@ def report(name: str, body: dict | None = None) -> bytes:
     return _frame(REPORT, name, body or {})
 
 
+def hello() -> bytes:
+    """HELLO: a batch processor's new incarnation, to its committer."""
+    return _frame(HELLO)
+
+
+def schema(schema_ipc: bytes | None, error: str | None, staging: str) -> bytes:
+    """SCHEMA: the committer's answer to HELLO (see the Spark hand-off table)."""
+    return _frame(SCHEMA, schema_ipc, error, staging)
+
+
+def commit(ref: int, trigger: str, rows: int, file: str, schema_ipc: bytes) -> bytes:
+    """COMMIT: a staged batch's file, for the committer's next Spark job."""
+    return _frame(COMMIT, ref, trigger, rows, file, schema_ipc)
+
+
+def result(ref: int, error: str | None, schema_ipc: bytes | None) -> bytes:
+    """RESULT: how the Spark job holding batch ``ref`` ended (``error`` None: committed)."""
+    return _frame(RESULT, ref, error, schema_ipc)
+
+
 def frames_within_limit(items: list, encode: Callable[[list], bytes]
                         ) -> list[tuple[bytes, list]]:
     """``encode(items)`` as one frame, or as several (each with the items it carries) when
@@ -367,6 +435,27 @@ def _check_fields(msg: list) -> None:
             raise ProtocolError("command/report needs a name and a map")
     elif kind == CANCEL and not isinstance(msg[1], str):
         raise ProtocolError("cancel reason is not a string")
+    elif kind == SCHEMA:
+        if not (_opt(msg[1], bytes) and _opt(msg[2], str) and isinstance(msg[3], str)):
+            raise ProtocolError("schema needs a schema (bytes or None), an error (str or "
+                                "None) and a staging URI")
+    elif kind == COMMIT:
+        if not (_int(msg[1]) and isinstance(msg[2], str) and _int(msg[3])
+                and isinstance(msg[4], str) and isinstance(msg[5], bytes)):
+            raise ProtocolError("commit needs a ref, a trigger, rows, a file name and a "
+                                "schema")
+    elif kind == RESULT:
+        if not (_int(msg[1]) and _opt(msg[2], str) and _opt(msg[3], bytes)):
+            raise ProtocolError("result needs a ref, an error (str or None) and a schema "
+                                "(bytes or None)")
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _opt(value: Any, cls: type) -> bool:
+    return value is None or isinstance(value, cls)
 
 
 # -- events ---------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 from offbroadway.stages.spark import spark_rows
 from offbroadway.stages.spark.spark_commit import CommitGroups, Handed
-from offbroadway.stages.wire import spark_wire
+from offbroadway.stages.wire import protocol
 
 
 def handed(peer: str, ref: int, rows: int, at: float, trigger: str = "size") -> Handed:
@@ -136,15 +136,22 @@ def test_conform_brings_a_table_to_the_datasets_schema_or_says_why():
     assert schema.equals(dataset)
 
 
-def test_wire_records_round_trip_and_garbage_is_refused():
-    assert spark_wire.decode(spark_wire.hello()) == [spark_wire.HELLO]
-    assert spark_wire.decode(spark_wire.commit(7, "flush", 2, "bp-7.parquet", b"s")) == \
-        [spark_wire.COMMIT, 7, "flush", 2, "bp-7.parquet", b"s"]
-    assert spark_wire.decode(spark_wire.result(7, None, None)) == \
-        [spark_wire.RESULT, 7, None, None]
-    assert spark_wire.decode(spark_wire.schema(b"s", "bad ddl", "file:///st")) == \
-        [spark_wire.SCHEMA, b"s", "bad ddl", "file:///st"]
-    for frame in (b"", b"\xc1", spark_wire.hello()[:-1] + b"\x09",
-                  spark_wire.commit(1, "size", 1, "f", b"")[:-3]):
-        with pytest.raises(spark_wire.WireError):
-            spark_wire.decode(frame)
+def test_hand_off_frames_round_trip_and_garbage_is_refused():
+    """The Spark hand-off goes through the one codec, with its checks."""
+    P = protocol
+    assert P.decode(P.hello()) == [P.HELLO]
+    msg = P.decode(P.commit(7, "flush", 2, "bp-7.parquet", b"s"))
+    assert msg == [P.COMMIT, 7, "flush", 2, "bp-7.parquet", b"s"]
+    assert (msg[P.COMMIT_REF], msg[P.COMMIT_TRIGGER], msg[P.COMMIT_ROWS], msg[P.COMMIT_FILE],
+            msg[P.COMMIT_SCHEMA]) == (7, "flush", 2, "bp-7.parquet", b"s")
+    msg = P.decode(P.result(7, None, None))
+    assert (msg[P.RESULT_REF], msg[P.RESULT_ERROR], msg[P.RESULT_SCHEMA]) == (7, None, None)
+    msg = P.decode(P.schema(b"s", "bad ddl", "file:///st"))
+    assert (msg[P.SCHEMA_IPC], msg[P.SCHEMA_ERROR], msg[P.SCHEMA_STAGING]) == \
+        (b"s", "bad ddl", "file:///st")
+    for frame in (b"", b"\xc1", P.hello()[:-1] + b"\x09",
+                  P.commit(1, "size", 1, "f", b"")[:-3],
+                  P.commit(1, "size", "1", "f", b""), P.result("7", None, None),
+                  P.schema(b"s", None, None)):
+        with pytest.raises(P.ProtocolError):
+            P.decode(frame)
