@@ -98,7 +98,7 @@ class BatcherStage(Stage):
                 self.subs.consumed(up, len(raw))
             elif msg[protocol.KIND_AT] == protocol.CANCEL:
                 self.subs.cancelled(up, msg[protocol.VALUE])
-                if msg[protocol.VALUE] == "leaving":
+                if msg[protocol.VALUE] == protocol.CANCEL_LEAVING:
                     # a processor a resize removed: everything it sent came before this
                     self.subs.remove(up)
                     self.unregister(sock)
@@ -164,7 +164,7 @@ class BatcherStage(Stage):
         if self.finished or not self.subs.all_done or self.pending or len(self.acc):
             return
         self.finished = True
-        self.downstream.cancel_all("shutdown")
+        self.downstream.cancel_all(protocol.CANCEL_SHUTDOWN)
 
     def _on_resubscribe(self, command: commands.Resubscribe) -> None:
         """A processor restarted without us: it knows no subscription of ours, and we

@@ -54,6 +54,11 @@ ROTATE_EVERY = 0.25
 GATHER_FOR = 0.003
 
 PENDING, CLASSIC, BUDGET = "pending", "classic", "budget"
+#: Why an upstream is taken as done without its cancel (the consumer's own reasons, next to
+#: :mod:`.protocol`'s CANCEL_* that cross the wire): it restarted while this consumer was
+#: leaving, or during the drain, so what its previous incarnation sent went back with it.
+RESTARTED_WHILE_LEAVING = "restarted while we left"
+RESTARTED_IN_DRAIN = "restarted during the drain"
 
 
 class Upstream:
@@ -153,14 +158,14 @@ class Subscriptions:
         if up is None:
             return
         if self.leaving:
-            self.cancelled(up, "restarted while we left")
+            self.cancelled(up, RESTARTED_WHILE_LEAVING)
         elif self.resubscribe:
             self.subscribe(up)
         else:
             # the drain: Broadway's terminator told us not to resubscribe, so an upstream
             # that went away is done (its successor is told to shut down; what the old one
             # sent went back to the source with it)
-            self.cancelled(up, "restarted during the drain")
+            self.cancelled(up, RESTARTED_IN_DRAIN)
 
     def on_frame(self, up: Upstream, msg: list) -> None:
         """SUBSCRIBED, RETRACTED and CANCEL from an upstream (events go through
@@ -255,7 +260,7 @@ class Subscriptions:
     def cancelled(self, up: Upstream, reason: str) -> None:
         if up.done:
             return
-        if reason == "unknown subscription" and not self.leaving:
+        if reason == protocol.CANCEL_UNKNOWN and not self.leaving:
             # the upstream restarted and knows us no more: what was out there is void, and
             # the daemon's resubscribe (sent once the new incarnation is up) is the one
             # path that subscribes again (:meth:`resubscribe_to`)
@@ -280,7 +285,7 @@ class Subscriptions:
             self.budget.backpressured = True
         for up in self.upstreams:
             if not up.done:
-                up.sock.send(protocol.cancel("leaving"), zmq.NOBLOCK)
+                up.sock.send(protocol.cancel(protocol.CANCEL_LEAVING), zmq.NOBLOCK)
                 self.sent["frames"] += 1
 
     def remove(self, up: Upstream) -> None:

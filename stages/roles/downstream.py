@@ -65,12 +65,12 @@ class Downstream:
                 try:
                     self.dispatcher.ask(peer, msg[protocol.VALUE])
                 except KeyError:
-                    self.send(peer, protocol.cancel("unknown subscription"))
+                    self.send(peer, protocol.cancel(protocol.CANCEL_UNKNOWN))
             elif kind == protocol.RETRACT:
                 try:
                     taken = self.dispatcher.retract(peer, msg[protocol.VALUE])
                 except KeyError:
-                    self.send(peer, protocol.cancel("unknown subscription"))
+                    self.send(peer, protocol.cancel(protocol.CANCEL_UNKNOWN))
                 else:
                     self.send(peer, protocol.retracted(taken))
             elif kind == protocol.SUBSCRIBE:
@@ -79,12 +79,12 @@ class Downstream:
                                               msg[protocol.SUBSCRIBE_PARTITION])
                 except ValueError as exc:
                     stage.counters["malformed"] += 1
-                    self.send(peer, protocol.cancel(f"bad subscription: {exc}"))
+                    self.send(peer, protocol.cancel(f"{protocol.CANCEL_BAD_SUBSCRIPTION}: {exc}"))
                     continue
                 self.send(peer, protocol.subscribed(self.dispatcher.policy,
                                                       msg[protocol.SUBSCRIBE_REF]))
                 if self.closed:
-                    self.send(peer, protocol.cancel("shutdown"))
+                    self.send(peer, protocol.cancel(protocol.CANCEL_SHUTDOWN))
             elif kind == protocol.RETURN:
                 try:
                     if self.on_return is None:
@@ -98,7 +98,7 @@ class Downstream:
                 # a consumer leaving (a resize): forget it, and answer after every event
                 # already sent to it, so it knows when nothing more is on its way
                 self.dispatcher.cancel(peer)
-                self.send(peer, protocol.cancel("unsubscribed"))
+                self.send(peer, protocol.cancel(protocol.CANCEL_UNSUBSCRIBED))
             elif self.on_frame is not None:
                 self.on_frame(peer, msg)
         self.on_change()
@@ -154,7 +154,7 @@ class Downstream:
                 sent += len(carried)
         return leftovers, sent
 
-    def cancel_all(self, reason: str = "shutdown") -> None:
+    def cancel_all(self, reason: str = protocol.CANCEL_SHUTDOWN) -> None:
         self.closed = True
         for consumer in self.dispatcher.consumers():
             self.send(consumer, protocol.cancel(reason))

@@ -225,7 +225,8 @@ class ProcessorStage(Stage):
         self.finished = True
         if self.batchers:
             # "leaving": the batchers forget us once they have read what we sent
-            self.downstream.cancel_all("leaving" if self.leaving else "shutdown")
+            self.downstream.cancel_all(protocol.CANCEL_LEAVING if self.leaving
+                                        else protocol.CANCEL_SHUTDOWN)
         # final counts: the last tick may be older
         self.report(commands.Left(self.stats()) if self.leaving else
                     commands.Done(self.stats()))

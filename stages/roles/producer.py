@@ -330,7 +330,7 @@ class ProducerStage(Stage):
     # -- drain, requeue and idleness ------------------------------------------------------------
     def _maybe_cancel_consumers(self) -> None:
         if self.draining and not self.buffer and not self.downstream.closed:
-            self.downstream.cancel_all("shutdown")
+            self.downstream.cancel_all(protocol.CANCEL_SHUTDOWN)
 
     def _watch_idle(self) -> None:
         # in flight does not count: the drain that ``--until-idle`` starts on this report

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from offbroadway.stages.wire import protocol
 
-VALID = [protocol.subscribe(10, 5, None), protocol.ask(7), protocol.cancel("shutdown"),
+VALID = [protocol.subscribe(10, 5, None), protocol.ask(7),
+         protocol.cancel(protocol.CANCEL_SHUTDOWN),
          protocol.ack([1, 2], [[3, "bad"]]), protocol.command("stop", {}),
          protocol.report("stats", {"in": 1}),
          protocol.events([[0, 1, "id", {"a": 1}, {}]]),
