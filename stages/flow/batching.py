@@ -24,13 +24,22 @@ from bisect import bisect_right
 from collections.abc import Callable, Hashable
 from itertools import accumulate
 from operator import itemgetter
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
-#: ``(key, items, trigger)`` with trigger ``"size"``, ``"timeout"`` or ``"flush"``.
-Batch = tuple[K, list[V], str]
+
+class Batch(NamedTuple, Generic[K, V]):
+    """One emitted batch.  A named record, so the batcher (which adds where it goes and its
+    encoded frame, :class:`offbroadway.stages.roles.batcher.Outgoing`) and the tests read
+    its fields by name, in one order."""
+
+    key: K
+    items: list[V]
+    #: what emitted it: ``"size"``, ``"timeout"`` or ``"flush"``
+    trigger: str
+
 
 _first = itemgetter(0)
 _second = itemgetter(1)
@@ -116,14 +125,14 @@ class BatchAccumulator(Generic[K, V]):
             batch.extend(vals[:need])
             del self._partial[key]
             self._count -= bs
-            out.append((key, batch, "size"))
+            out.append(Batch(key, batch, "size"))
             start = need
         full_end = start + (n - start) // bs * bs
         if start == 0 and full_end == n == bs:
-            out.append((key, vals, "size"))      # exactly one batch: no copy
+            out.append(Batch(key, vals, "size"))      # exactly one batch: no copy
         else:
             for i in range(start, full_end, bs):
-                out.append((key, vals[i:i + bs], "size"))
+                out.append(Batch(key, vals[i:i + bs], "size"))
         self._count -= full_end - start
         if full_end < n:
             self._partial[key] = _Partial(vals[full_end:], now, 0)
@@ -174,7 +183,7 @@ class BatchAccumulator(Generic[K, V]):
         if live:
             del self._partial[key]
         self._count -= len(batch)
-        out.append((key, batch, "size"))
+        out.append(Batch(key, batch, "size"))
 
     def resize(self, batch_size: int, batch_timeout: float) -> list[Batch[K, V]]:
         """New limits (a reload): batches from now on use them.  Partial batches already at
@@ -195,7 +204,7 @@ class BatchAccumulator(Generic[K, V]):
             full = len(items) // batch_size * batch_size
             if not full:
                 continue
-            out.extend((key, items[i:i + batch_size], "size")
+            out.extend(Batch(key, items[i:i + batch_size], "size")
                        for i in range(0, full, batch_size))
             self._count -= full
             if full < len(items):
@@ -232,7 +241,7 @@ class BatchAccumulator(Generic[K, V]):
         for key in keys:
             items = pop(key).items
             self._count -= len(items)
-            out.append((key, items, trigger))
+            out.append(Batch(key, items, trigger))
         return out
 
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import zmq
 
-from ..flow.batching import BatchAccumulator
+from ..flow.batching import Batch, BatchAccumulator
 from ..flow.dispatch import Dispatcher, PartitionDispatcher, SpreadDispatcher, stable_hash
 from ..runtime.handler import load_handler
 from ..runtime.spec import StageSpec
@@ -25,6 +25,18 @@ from .consumer import Subscriptions
 from .downstream import Downstream
 
 log = logging.getLogger("offbroadway.batcher")
+
+
+class Outgoing(NamedTuple):
+    """A batch on its way to a batch processor: the accumulator's :class:`Batch` fields in
+    the same order, then the batch processor it must go to (its partition, None when any
+    may take it) and, once fitted under the frame limit, its encoded frame."""
+
+    key: Any
+    items: list[bytes]
+    trigger: str
+    partition: int | None
+    frame: bytes | None = None
 
 
 class BatcherStage(Stage):
@@ -43,10 +55,10 @@ class BatcherStage(Stage):
                 return stable_hash(route(protocol.raw_to_message(raw))) % n
 
             self.partition_of = partition_of
-            self.dispatcher: Dispatcher = PartitionDispatcher(range(n), lambda b: b[3])
+            self.dispatcher: Dispatcher = PartitionDispatcher(range(n), _partition)
         else:
             self.dispatcher = SpreadDispatcher()
-        self.pending: list[tuple] = []     # batches waiting for batch-processor demand
+        self.pending: list[Outgoing] = []     # batches waiting for batch-processor demand
         self.subs = Subscriptions(spec.max_demand, spec.min_demand,
                                   can_ask=lambda: len(self.pending) <= max(1, n),
                                   counters=self.counters)
@@ -110,12 +122,12 @@ class BatcherStage(Stage):
         self._arm_timer()
         self._maybe_finish()
 
-    def _emit(self, batches: list) -> None:
+    def _emit(self, batches: list[Batch]) -> None:
         for key, events, trigger in batches:
             if self.partition_of is None:
-                self.pending.append((key, trigger, events, None))
-            else:
-                self.pending.append((key[0], trigger, events, key[1]))
+                self.pending.append(Outgoing(key, events, trigger, None))
+            else:   # keyed by (batch key, partition): see _on_upstream
+                self.pending.append(Outgoing(key[0], events, trigger, key[1]))
         if batches:
             self._dispatch()
 
@@ -146,18 +158,18 @@ class BatcherStage(Stage):
     def _dispatch(self) -> None:
         if not self.pending:
             return
-        fitted: list[tuple] = []
+        fitted: list[Outgoing] = []
         for batch in self.pending:
-            fitted.extend(_fit(batch) if len(batch) == 4 else (batch,))
+            fitted.extend(_fit(batch) if batch.frame is None else (batch,))
         self.pending, _sent = self.downstream.deliver_each(fitted, self._encode_batch)
         if len(self.pending) <= max(1, self.spec.consumer_count):
             self.subs.release()
 
-    def _encode_batch(self, pending: tuple) -> bytes:
-        _key, _trigger, events, _partition, frame = pending
-        self.counters["out"] += len(events)
+    def _encode_batch(self, batch: Outgoing) -> bytes:
+        assert batch.frame is not None    # fitted in _dispatch
+        self.counters["out"] += len(batch.items)
         self.counters["batches"] += 1
-        return frame
+        return batch.frame
 
     # -- shutdown cascade -------------------------------------------------------------------
     def _maybe_finish(self) -> None:
@@ -187,12 +199,17 @@ class BatcherStage(Stage):
         self._emit(self.acc.flush())
 
 
-def _fit(batch: tuple) -> list[tuple]:
+def _partition(batch: Outgoing) -> int | None:
+    return batch.partition
+
+
+def _fit(batch: Outgoing) -> list[Outgoing]:
     """A pending batch with its encoded frame, split in halves until each frame is within
     the receiver's MAX_FRAME_BYTES: a batch of big messages over it would be dropped by the
     batch processor, its messages left in flight forever (a stall).  A smaller batch is
     always allowed (``batch_size`` is a maximum); one message over the limit goes alone.
     Encoded here, once, rather than in the send: the size is only known encoded."""
-    key, trigger, events, partition = batch
-    return [(key, trigger, part, partition, frame) for frame, part in
-            protocol.frames_within_limit(events, lambda e: protocol.batch(key, trigger, e))]
+    key, trigger = batch.key, batch.trigger
+    return [batch._replace(items=part, frame=frame) for frame, part in
+            protocol.frames_within_limit(batch.items,
+                                         lambda e: protocol.batch(key, trigger, e))]
