@@ -7,15 +7,22 @@ producer then does about it is here, pure and synchronous (ARCHITECTURE §9):
 
 * :class:`StrikeTable` counts crashes per message id (what survives a redelivery; a token
   is per delivery); ``max_crashes`` of them make the message *poison*.
-* :class:`PoisonGuard` takes each blame (:meth:`~PoisonGuard.blame`: strike the message a
-  ``handle_message`` died on, or mark every message of a ``prepare_messages`` frame that
-  died to be *isolated*), and when suspects come back from the source
-  (:meth:`~PoisonGuard.mark`) emits a poison one already failed (so it takes the ordinary
-  failure path: ``handle_failed``, then the source's dead-letter) and has the others sent
-  alone in their frame (:meth:`~PoisonGuard.split`), so the next crash names one message,
-  never an innocent neighbour.  While the processors restart after a crash the suspects
-  are *quarantined*: kept back until the daemon's ``release_suspects``, or a sibling about
-  to be terminated would run them and its death would count for nothing.
+* :class:`PoisonGuard` takes each blame (strike the message a ``handle_message`` died on,
+  or mark every message of a ``prepare_messages`` frame that died to be *isolated*), and
+  when suspects come back from the source emits a poison one already failed (so it takes
+  the ordinary failure path: ``handle_failed``, then the source's dead-letter) and has the
+  others sent alone in their frame, so the next crash names one message, never an
+  innocent neighbour.  While the processors restart after a crash the suspects are
+  *quarantined*: kept back until the daemon's ``release_suspects``, or a sibling about to
+  be terminated would run them and its death would count for nothing.
+
+The producer calls the guard at five fixed points and nowhere else, as a broker's
+middleware is called around each step (Dramatiq's ``after_fetch``, ``before_process``…):
+:meth:`~PoisonGuard.on_fetched` (new events), :meth:`~PoisonGuard.on_dispatch` (what goes
+out, and how), :meth:`~PoisonGuard.on_settled` (acks), :meth:`~PoisonGuard.on_requeue`
+(a crash handed everything back, with its blame) and :meth:`~PoisonGuard.on_release` (the
+processors are back).  Each hook costs one test when no message is suspect, so the
+producer calls them unconditionally and knows nothing of strikes, watches or quarantine.
 
 Memory is bounded twice: an id is forgotten as soon as its message settles (acked or
 failed), and past ``cap`` ids the oldest are dropped, so ids whose messages never come
@@ -24,6 +31,7 @@ back (expired at the broker, taken by another consumer) cannot grow the table.
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +40,8 @@ from ..wire import protocol
 from ..wire.commands import CrashBlame
 
 DEFAULT_CAP = 10_000
+
+log = logging.getLogger("offbroadway.producer")
 
 
 @dataclass
@@ -117,9 +127,16 @@ class Verdict:
 
 
 class PoisonGuard:
-    """The producer's poison state: strikes, isolated ids, emitted suspects, quarantine."""
+    """The producer's poison state: strikes, isolated ids, emitted suspects, quarantine.
 
-    def __init__(self, max_crashes: int, cap: int = DEFAULT_CAP) -> None:
+    ``stage_id`` names the producer in the guard's log lines; ``struck`` and ``failed``
+    count the crashes blamed on our messages and the poison messages settled as failed
+    (the producer reports them as ``poison_strikes`` and ``poison_failed``)."""
+
+    def __init__(self, max_crashes: int, cap: int = DEFAULT_CAP, stage_id: str = "") -> None:
+        self.stage_id = stage_id
+        self.struck = 0
+        self.failed = 0
         self.strikes = StrikeTable(limit=max_crashes, cap=cap)
         #: ids of a prepare_messages frame that died: each goes alone next time
         self.isolate: set[str] = set()
@@ -222,3 +239,55 @@ class PoisonGuard:
     def release(self) -> None:
         """The processors are back: suspects may run again (one per frame)."""
         self.quarantine = False
+
+    # -- the producer's fixed points ------------------------------------------------------
+    def on_fetched(self, events: list[list], failed: dict[int, str]) -> None:
+        """New events from the source: suspects among them are watched, poison ones are
+        marked failed (``failed``: the producer's token -> why)."""
+        if self.strikes or self.isolate:
+            self.mark(events, failed)
+
+    def on_dispatch(self, events: list[list], failed: dict[int, str]
+                    ) -> tuple[list[list], list[list], list[list]]:
+        """Events about to go out: (the others, as usual; suspects, each alone in a frame;
+        suspects kept back by the quarantine)."""
+        if not self.watch:
+            return events, [], []
+        return self.split(events, failed)
+
+    def on_settled(self, ok: list, failed: list, in_flight: Callable[[object], bool]) -> None:
+        """Acks arrived (before the in-flight table settles them: ``in_flight`` still
+        answers for their tokens)."""
+        if self.watch:
+            self.failed += self.settled(ok, failed, in_flight)
+
+    def on_requeue(self, blame: CrashBlame | None, quarantine: bool,
+                   ours: Callable[[object], bool]) -> None:
+        """Everything in flight went back to the source, after a crash that ``blame``
+        names (None: no processor died on its own); ``quarantine`` while they restart."""
+        if blame is not None:
+            verdict = self.blame(blame, ours)
+            if verdict is not None:
+                self._log(verdict, blame)
+        self.requeued(quarantine)
+
+    def on_release(self) -> None:
+        """The processors are back after a crash: suspects run again, one per frame."""
+        self.release()
+
+    def _log(self, verdict: Verdict, blame: CrashBlame) -> None:
+        sid, child, how = self.stage_id, blame.child, blame.how
+        if verdict.what == "isolated":
+            log.warning("%s: %s %s in prepare_messages of a frame of %s messages; they are "
+                        "requeued and each runs alone next time, to find the one at fault",
+                        sid, child, how, blame.frame_size)
+            return
+        self.struck += 1
+        if verdict.what == "poison":
+            log.error("%s: message %s is poison: it killed a processor %d times (last: "
+                      "%s %s); it is failed (dead-lettered) instead of run again",
+                      sid, verdict.msg_id, verdict.crashes, child, how)
+        else:
+            log.warning("%s: message %s was running when %s %s (crash %d of %d allowed); "
+                        "requeued, it will run alone", sid, verdict.msg_id, child, how,
+                        verdict.crashes, self.strikes.limit)

@@ -79,7 +79,7 @@ class ProducerStage(Stage):
         self._fails: list = []
         self.next_token = self.first_token = time.time_ns()
         #: crashes blamed per message, suspects and their quarantine (:mod:`.poison.guard`)
-        self.poison = PoisonGuard(spec.max_crashes)
+        self.poison = PoisonGuard(spec.max_crashes, stage_id=spec.id)
         self.draining = False
         self.paused = False
         self._retry_pending = False
@@ -113,6 +113,9 @@ class ProducerStage(Stage):
             log.exception("%s: closing the source failed", self.id)
 
     def stats(self) -> dict[str, Any]:
+        # the guard counts its own (metrics and reports both read the counters after this)
+        self.counters.update(poison_strikes=self.poison.struck,
+                             poison_failed=self.poison.failed)
         s = super().stats()
         src = self.source.stats()
         # a source without a connection (spool, generator) has no state and is always there
@@ -166,9 +169,7 @@ class ProducerStage(Stage):
             self.buffer = back + self.buffer
 
     def _settle(self, ok: list, failed: list) -> None:
-        if self.poison.watch:
-            self.counters["poison_failed"] += self.poison.settled(
-                ok, failed, self.inflight.__contains__)
+        self.poison.on_settled(ok, failed, self.inflight.__contains__)
         if self._failed:
             self._forget_failed(ok, failed)
         handles, failures = self.inflight.settle(ok, failed)
@@ -231,20 +232,17 @@ class ProducerStage(Stage):
                 error = metadata.get("error")
                 if error is not None:
                     failed[first + i] = error
-        if self.poison.active:
-            self.poison.mark(events, self._failed)
+        self.poison.on_fetched(events, self._failed)
         return events
 
     def _dispatch(self, events: list[list]) -> list[list]:
-        kept: list[list] = []
-        if self.poison.watch:
-            # suspects to run go in frames of their own, so that if one kills its
-            # processor again the blame names it alone (none while quarantined)
-            events, alone, kept = self.poison.split(events, self._failed)
-            for ev in alone:
-                left, sent = self.downstream.deliver_frames([ev], self._frames)
-                self.counters["out"] += sent
-                kept.extend(left)
+        # suspects to run go in frames of their own, so that if one kills its processor
+        # again the blame names it alone (none while quarantined)
+        events, alone, kept = self.poison.on_dispatch(events, self._failed)
+        for ev in alone:
+            left, sent = self.downstream.deliver_frames([ev], self._frames)
+            self.counters["out"] += sent
+            kept.extend(left)
         leftovers, sent = self.downstream.deliver_frames(events, self._frames)
         self.counters["out"] += sent
         return kept + leftovers if kept else leftovers
@@ -305,27 +303,6 @@ class ProducerStage(Stage):
         """Issued by this incarnation (an earlier one's token names nothing of ours)."""
         return (isinstance(token, int) and not isinstance(token, bool)
                 and self.first_token <= token < self.next_token)
-
-    def _blame(self, blame: commands.CrashBlame) -> None:
-        """A processor died running messages of ours: :mod:`.poison.guard` decides, this logs."""
-        verdict = self.poison.blame(blame, self._ours)
-        if verdict is None:
-            return
-        child, how = blame.child, blame.how
-        if verdict.what == "isolated":
-            log.warning("%s: %s %s in prepare_messages of a frame of %s messages; they are "
-                        "requeued and each runs alone next time, to find the one at fault",
-                        self.id, child, how, blame.frame_size)
-            return
-        self.counters["poison_strikes"] += 1
-        if verdict.what == "poison":
-            log.error("%s: message %s is poison: it killed a processor %d times (last: "
-                      "%s %s); it is failed (dead-lettered) instead of run again",
-                      self.id, verdict.msg_id, verdict.crashes, child, how)
-        else:
-            log.warning("%s: message %s was running when %s %s (crash %d of %d allowed); "
-                        "requeued, it will run alone", self.id, verdict.msg_id, child, how,
-                        verdict.crashes, self.poison.strikes.limit)
 
     # -- drain, requeue and idleness ------------------------------------------------------------
     def _maybe_cancel_consumers(self) -> None:
@@ -390,9 +367,7 @@ class ProducerStage(Stage):
         :mod:`.poison.guard`); ``quarantine``: keep suspects back until ``release_suspects``
         (the processors are restarting).
         """
-        if command.blame is not None:
-            self._blame(command.blame)
-        self.poison.requeued(command.quarantine)
+        self.poison.on_requeue(command.blame, command.quarantine, self._ours)
         self._failed.clear()       # every failed one is requeued: the source has them back
         # buffered events are in flight too: the source has them back, so sending them
         # now would run them twice (and a kept-back suspect, no longer watched, unisolated)
@@ -407,6 +382,6 @@ class ProducerStage(Stage):
 
     def _on_release_suspects(self, _: commands.ReleaseSuspects) -> None:
         """The processors are back after a crash: suspects may run again (one per frame)."""
-        self.poison.release()
+        self.poison.on_release()
         self.pump()
 

@@ -238,3 +238,42 @@ def test_the_guard_strikes_isolates_quarantines_and_forgets() -> None:
     assert guard.isolate == {"m-x", "m-y"} and not guard.strikes
     # off (max_crashes 0): nothing recorded
     assert PoisonGuard(max_crashes=0).blame(crash, ours) is None
+
+
+def test_the_producer_calls_the_guard_at_five_fixed_points(caplog) -> None:
+    """The hooks the producer calls unconditionally: pass-throughs while nothing is
+    suspect; a blame logs and counts itself; quarantine, release, poison and its
+    settling go through the same five points."""
+    import logging
+
+    from offbroadway.stages.poison.guard import POISON_REASON, PoisonGuard
+    from offbroadway.stages.wire.commands import CrashBlame
+
+    def ours(token: object) -> bool:
+        return True
+
+    guard = PoisonGuard(max_crashes=2, stage_id="producer_0")
+    failed: dict[int, str] = {}
+    evs = [[0, 10, "m-a", 1, {}], [0, 11, "m-b", 2, {}]]
+    guard.on_fetched(evs, failed)
+    assert guard.on_dispatch(evs, failed) == (evs, [], [])
+    guard.on_settled([10, 11], [], lambda t: True)
+    assert (guard.struck, guard.failed, failed) == (0, 0, {})
+
+    crash = CrashBlame("processor_default_0", "was killed", "handle_message", 1, ((11, "m-b"),))
+    with caplog.at_level(logging.WARNING, logger="offbroadway.producer"):
+        guard.on_requeue(crash, True, ours)
+    assert guard.struck == 1 and "message m-b was running" in caplog.text
+    again = [[0, 20, "m-a", 1, {}], [0, 21, "m-b", 2, {}]]
+    guard.on_fetched(again, failed)
+    assert guard.on_dispatch(again, failed) == ([again[0]], [], [again[1]])   # kept back
+    guard.on_release()
+    assert guard.on_dispatch(again, failed) == ([again[0]], [again[1]], [])   # alone
+
+    guard.on_requeue(CrashBlame("processor_default_0", "was killed", "handle_message", 1,
+                                ((21, "m-b"),)), False, ours)
+    third = [[0, 30, "m-b", 2, {}]]
+    guard.on_fetched(third, failed)
+    assert failed[30].startswith(POISON_REASON) and guard.struck == 2
+    guard.on_settled([], [[30, failed[30]]], lambda t: True)
+    assert guard.failed == 1 and len(guard) == 0
