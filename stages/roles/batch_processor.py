@@ -30,7 +30,7 @@ from offbroadway import BatchInfo, Message
 from ..runtime import callbacks
 from ..runtime.handler import load_handler
 from ..runtime.spec import StageSpec
-from ..runtime.stage import Stage
+from ..runtime.stage import Stage, ZmqIO
 from ..wire import commands, protocol
 from .acker import Acker
 from .consumer import Subscriptions
@@ -44,8 +44,8 @@ class BatchProcessorStage(Stage):
     #: heartbeat for 100 user calls.  10 batches are still hundreds of messages per wake-up.
     UPSTREAM_BURST = 10
 
-    def __init__(self, spec: StageSpec) -> None:
-        super().__init__(spec)
+    def __init__(self, spec: StageSpec, io: ZmqIO | None = None) -> None:
+        super().__init__(spec, io)
         self.handler = load_handler(spec.handler)
         self.context = spec.context
         # batches go to a batch processor that is free: the demand on the batcher is a

@@ -19,7 +19,7 @@ from ..flow.batching import Batch, BatchAccumulator
 from ..flow.dispatch import Dispatcher, PartitionDispatcher, SpreadDispatcher, stable_hash
 from ..runtime.handler import load_handler
 from ..runtime.spec import StageSpec
-from ..runtime.stage import Stage
+from ..runtime.stage import Stage, ZmqIO
 from ..wire import commands, protocol
 from .consumer import Subscriptions
 from .downstream import Downstream
@@ -40,8 +40,8 @@ class Outgoing(NamedTuple):
 
 
 class BatcherStage(Stage):
-    def __init__(self, spec: StageSpec) -> None:
-        super().__init__(spec)
+    def __init__(self, spec: StageSpec, io: ZmqIO | None = None) -> None:
+        super().__init__(spec, io)
         # events stay packed here (one ``bytes`` each): a byte budget counts their encoded
         # size, the data plus the few bytes that address the message's ack
         self.acc = BatchAccumulator(spec.batch_size, spec.batch_timeout,

@@ -26,7 +26,7 @@ from ..poison import blame
 from ..runtime import callbacks
 from ..runtime.handler import load_handler
 from ..runtime.spec import StageSpec
-from ..runtime.stage import Stage
+from ..runtime.stage import Stage, ZmqIO
 from ..wire import commands, protocol
 from .acker import Acker
 from .consumer import Subscriptions, Upstream
@@ -40,8 +40,8 @@ log = logging.getLogger("offbroadway.processor")
 UNSENDABLE_LINES = 100
 
 class ProcessorStage(Stage):
-    def __init__(self, spec: StageSpec) -> None:
-        super().__init__(spec)
+    def __init__(self, spec: StageSpec, io: ZmqIO | None = None) -> None:
+        super().__init__(spec, io)
         self.handler = load_handler(spec.handler)
         self.context = spec.context
         self.batchers = set(spec.batchers)
@@ -122,7 +122,7 @@ class ProcessorStage(Stage):
             self._read(up)
         deadline = time.monotonic() + wait
         while (left := deadline - time.monotonic()) > 0:
-            if zmq.select([up.sock for up in ups], [], [], left)[0]:
+            if self.io.readable([up.sock for up in ups], left):
                 for up in ups:
                     self._read(up)
 

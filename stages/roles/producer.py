@@ -34,7 +34,7 @@ from ..flow.ratelimit import SharedRateLimit
 from ..poison.guard import PoisonGuard
 from ..runtime.handler import load_handler
 from ..runtime.spec import StageSpec
-from ..runtime.stage import Stage
+from ..runtime.stage import Stage, ZmqIO
 from ..sources import get_source
 from ..wire import commands, protocol
 from .downstream import Downstream
@@ -47,8 +47,8 @@ _METADATA, _HANDLE = itemgetter(2), itemgetter(3)
 
 
 class ProducerStage(Stage):
-    def __init__(self, spec: StageSpec) -> None:
-        super().__init__(spec)
+    def __init__(self, spec: StageSpec, io: ZmqIO | None = None) -> None:
+        super().__init__(spec, io)
         source_cls = get_source(spec.source)
         self.source = source_cls(spec.source_options, pipeline=spec.pipeline,
                                  producer_index=spec.index, producer_count=spec.producer_count,

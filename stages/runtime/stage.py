@@ -13,6 +13,13 @@ watches, so the loop returns from ``poll`` instead of sleeping out its timeout (
 retries an interrupted poll after running the Python handler).  The supervisor stops the
 stages one by one in reverse start order, so every poll timeout waited out there would
 add up in the daemon's stop.
+
+Sockets.  Every socket a stage has, and the poller that watches them, come from one
+object, its :class:`ZmqIO`: the stage and its role only ever call ``send``, ``recv`` and
+friends on what it hands out.  A unit test hands the stage another such object (fake
+sockets that keep what is sent and give back what the test queued), so producer,
+processor, batcher and batch processor are built and driven frame by frame without
+ZeroMQ, and what they decide is tested apart from the loop that wires it to the OS.
 """
 
 from __future__ import annotations
@@ -43,6 +50,75 @@ class StageExit(Exception):
     """Raised inside the loop to end it cleanly (exit code 0)."""
 
 
+class ZmqIO:
+    """A stage's sockets and poller: the one place a stage touches ZeroMQ's context."""
+
+    def __init__(self) -> None:
+        self.ctx = zmq.Context.instance()
+        self.poller = zmq.Poller()
+
+    def hub(self, identity: bytes, address: str) -> zmq.Socket:
+        """The DEALER to the daemon's hub (reports out, commands in)."""
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, identity)
+        sock.setsockopt(zmq.LINGER, 1000)
+        sock.connect(address)
+        return sock
+
+    def router(self, address: str) -> zmq.Socket:
+        """Bind a ROUTER at ``address`` (``ipc://``), private to this user.
+
+        ROUTER_MANDATORY turns a send to a vanished peer into an error instead of a silent
+        drop (ARCHITECTURE §11); ROUTER_HANDOVER lets a restarted consumer, which keeps
+        its routing id, take over its old connection.
+        """
+        sock = self.ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        sock.setsockopt(zmq.SNDHWM, 0)   # demand already bounds what is sent
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.LINGER, 0)
+        fs_path = address[len("ipc://"):]
+        if os.path.exists(fs_path):
+            os.unlink(fs_path)   # a previous incarnation's leftover
+        # 0600 like the control and hub sockets: the runtime dir is private already, but a
+        # socket that anyone could connect to must not depend on that alone
+        old = os.umask(0o177)
+        try:
+            sock.bind(address)
+        finally:
+            os.umask(old)
+        os.chmod(fs_path, 0o600)
+        return sock
+
+    def dealer(self, identity: bytes, address: str) -> zmq.Socket:
+        """A DEALER connected to an upstream stage's ROUTER under ``identity``."""
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, identity)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(address)
+        return sock
+
+    def watch(self, sock_or_fd: zmq.Socket | int) -> None:
+        self.poller.register(sock_or_fd, zmq.POLLIN)
+
+    def unwatch(self, sock: zmq.Socket) -> None:
+        self.poller.unregister(sock)
+
+    def poll(self, timeout_ms: float) -> list:
+        return self.poller.poll(timeout_ms)
+
+    def readable(self, socks: list[zmq.Socket], timeout: float) -> list[zmq.Socket]:
+        """Which of ``socks`` have a frame, waiting up to ``timeout`` seconds."""
+        return zmq.select(socks, [], [], timeout)[0]
+
+    def destroy(self, linger_ms: int) -> None:
+        """Close every socket, waiting up to ``linger_ms`` for queued frames to leave."""
+        self.ctx.destroy(linger=linger_ms)
+
+
 class Stage:
     #: How often the loop beats and reports even when idle.
     TICK = 1.0
@@ -56,11 +132,11 @@ class Stage:
     #: (acks, events, the final cancels) to reach their peers' sockets
     LEAVE_LINGER_MS = 10_000
 
-    def __init__(self, spec: StageSpec) -> None:
+    def __init__(self, spec: StageSpec, io: ZmqIO | None = None) -> None:
         self.spec = spec
         self.id = spec.id
-        self.ctx = zmq.Context.instance()
-        self.poller = zmq.Poller()
+        #: every socket and the poller (a unit test passes fakes: see :class:`ZmqIO`)
+        self.io = io if io is not None else ZmqIO()
         self._handlers: dict[zmq.Socket, Callable[[zmq.Socket], None]] = {}
         self._fd_handlers: dict[int, Callable[[], None]] = {}
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
@@ -75,10 +151,7 @@ class Stage:
         #: reasons of the messages this stage failed, one WARNING per interval (not per
         #: message); its acker adds to it
         self.failures = FailureTally()
-        self.hub = self.ctx.socket(zmq.DEALER)
-        self.hub.setsockopt(zmq.IDENTITY, self.id.encode())
-        self.hub.setsockopt(zmq.LINGER, 1000)
-        self.hub.connect(endpoint(spec.runtime_dir, HUB))
+        self.hub = self.io.hub(self.id.encode(), endpoint(spec.runtime_dir, HUB))
         self.register(self.hub, self._on_hub)
         #: the daemon's commands this stage takes (:mod:`.commands`), by record type
         self._commands: dict[type[commands.Command], Callable[[Any], None]] = {}
@@ -86,17 +159,17 @@ class Stage:
 
     # -- wiring -----------------------------------------------------------------------------
     def register(self, sock: zmq.Socket, on_readable: Callable[[zmq.Socket], None]) -> None:
-        self.poller.register(sock, zmq.POLLIN)
+        self.io.watch(sock)
         self._handlers[sock] = on_readable
 
     def unregister(self, sock: zmq.Socket) -> None:
         """Stop watching ``sock`` and close it (an upstream that left the pipeline)."""
-        self.poller.unregister(sock)
+        self.io.unwatch(sock)
         self._handlers.pop(sock, None)
         sock.close(0)
 
     def register_fd(self, fd: int, on_readable: Callable[[], None]) -> None:
-        self.poller.register(fd, zmq.POLLIN)
+        self.io.watch(fd)
         self._fd_handlers[fd] = on_readable
 
     def call_at(self, when: float, fn: Callable[[], None]) -> None:
@@ -107,41 +180,12 @@ class Stage:
         self.call_at(time.monotonic() + delay, fn)
 
     def router(self) -> zmq.Socket:
-        """Bind this stage's ROUTER, for the consumers that subscribe to it.
-
-        ROUTER_MANDATORY turns a send to a vanished peer into an error instead of a silent
-        drop (ARCHITECTURE §11); ROUTER_HANDOVER lets a restarted consumer, which keeps
-        its routing id, take over its old connection.
-        """
-        sock = self.ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        sock.setsockopt(zmq.SNDHWM, 0)   # demand already bounds what is sent
-        sock.setsockopt(zmq.RCVHWM, 0)
-        sock.setsockopt(zmq.LINGER, 0)
-        path = self.spec.socket_path()
-        fs_path = path[len("ipc://"):]
-        if os.path.exists(fs_path):
-            os.unlink(fs_path)   # a previous incarnation's leftover
-        # 0600 like the control and hub sockets: the runtime dir is private already, but a
-        # socket that anyone could connect to must not depend on that alone
-        old = os.umask(0o177)
-        try:
-            sock.bind(path)
-        finally:
-            os.umask(old)
-        os.chmod(fs_path, 0o600)
-        return sock
+        """Bind this stage's ROUTER, for the consumers that subscribe to it."""
+        return self.io.router(self.spec.socket_path())
 
     def dealer(self, stage_id: str) -> zmq.Socket:
         """Connect to an upstream stage's ROUTER under this stage's routing id."""
-        sock = self.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, self.id.encode())
-        sock.setsockopt(zmq.SNDHWM, 0)
-        sock.setsockopt(zmq.RCVHWM, 0)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(endpoint(self.spec.runtime_dir, stage_id))
-        return sock
+        return self.io.dealer(self.id.encode(), endpoint(self.spec.runtime_dir, stage_id))
 
     # -- frames -----------------------------------------------------------------------------
     def decode(self, frame: bytes, peer: str) -> list | None:
@@ -259,12 +303,13 @@ class Stage:
         child.notify_ready()
         self._tick()
         handlers, fd_handlers, timers = self._handlers, self._fd_handlers, self._timers
+        poll = self.io.poll
         try:
             while self.running:
                 timeout = 200.0
                 if timers:
                     timeout = max(0.0, min(timeout, (timers[0][0] - time.monotonic()) * 1000))
-                for sock, _ in self.poller.poll(timeout):
+                for sock, _ in poll(timeout):
                     if isinstance(sock, int):
                         fd_handlers[sock]()
                     else:
@@ -292,5 +337,5 @@ class Stage:
         they are closed with a linger and the context waits until its I/O threads have
         written every queued frame, bounded by :data:`LEAVE_LINGER_MS`.  The supervisor's
         stop returns when we exit: by then the frames are in the peers' sockets."""
-        self.ctx.destroy(linger=self.LEAVE_LINGER_MS)   # every socket of the context
+        self.io.destroy(self.LEAVE_LINGER_MS)   # every socket of the context
 
