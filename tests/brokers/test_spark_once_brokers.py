@@ -29,10 +29,10 @@ from tests.brokers.natsutil import NATS_URL
 from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
 from tests.e2e.test_pipeline import make_config, stage_pids
 from tests.spark.test_pipeline_spark import (
+    JVM,
     TOKEN_ENV,
     committing,
     daemon_env,
-    JVM,
     kill_the_daemon_alone,
     kill_the_process_group,
     rows,
