@@ -36,6 +36,7 @@ from ..runtime.handler import load_handler
 from ..runtime.spec import StageSpec
 from ..runtime.stage import Stage, ZmqIO
 from ..sources import get_source
+from ..sources.base import FailedItem, failure_of
 from ..wire import commands, protocol
 from .downstream import Downstream
 
@@ -225,13 +226,15 @@ class ProducerStage(Stage):
         token = first + len(items)
         self.next_token = token
         self.inflight.add_range(first, map(_HANDLE, items))
-        if any(map(contains, map(_METADATA, items), repeat("error"))):
-            # a source's bad lines: rare
+        if (any(map(isinstance, items, repeat(FailedItem)))
+                or any(map(contains, map(_METADATA, items), repeat("error")))):
+            # a source's bad lines (rare); metadata["error"]: a source written before
+            # FailedItem, still taken
             failed = self._failed
-            for i, (_, _, metadata, _) in enumerate(items):
-                error = metadata.get("error")
-                if error is not None:
-                    failed[first + i] = error
+            for i, item in enumerate(items):
+                reason = failure_of(item)
+                if reason is not None:
+                    failed[first + i] = reason
         self.poison.on_fetched(events, self._failed)
         return events
 

@@ -21,9 +21,11 @@ Two kinds of source fit this shape (GenStage's push and pull producers):
 
 Everything a source returns travels over msgpack, so ``data`` and ``metadata`` must be
 made of str/bytes/int/float/bool/None/list/dict.  A message the source already knows is
-broken (a spool line that is not JSON) is still returned, with ``metadata["error"]`` naming
+broken (a spool line that is not JSON) is still returned, as a :class:`FailedItem` naming
 the problem: it then takes the ordinary failure path (``handle_failed``, then ``fail``)
-instead of disappearing silently inside the source.
+instead of disappearing silently inside the source.  The reason travels beside the
+message, not in its metadata, so the metadata a handler reads is the source's description
+of the message and nothing else.
 """
 
 from __future__ import annotations
@@ -44,6 +46,40 @@ if TYPE_CHECKING:
 Item = tuple[str, Any, dict, Any]
 # (handle, reason) as given to Source.fail
 Failure = tuple[Any, str]
+
+
+class FailedItem(tuple):
+    """An :data:`Item` the source already knows is broken, with ``reason`` saying why.
+
+    It unpacks as the ordinary four fields, so code that only moves items along needs no
+    change; the producer sees the type and fails the message with ``reason`` (through
+    ``handle_failed``, then :meth:`Source.fail`) without handing it to ``handle_message``.
+    A tuple subclass and not a fifth field because failures are rare and every item's
+    shape on the producer's hot path stays the same.
+    """
+
+    reason: str
+
+    def __new__(cls, msg_id: str, data: Any, metadata: dict, handle: Any,
+                reason: str) -> FailedItem:
+        item = super().__new__(cls, (msg_id, data, metadata, handle))
+        item.reason = reason
+        return item
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return FailedItem, (*self, self.reason)
+
+
+def failure_of(item: Item) -> Any:
+    """Why the source failed ``item`` already, or None for a message to handle.
+
+    A :class:`FailedItem`'s ``reason``; for compatibility with sources written before it,
+    also a ``metadata["error"]`` that is not None, the earlier way of saying the same
+    thing (taken as it is, as before).
+    """
+    if item.__class__ is FailedItem:
+        return item.reason                         # type: ignore[attr-defined]
+    return item[2].get("error")
 
 
 class Source(abc.ABC):

@@ -15,7 +15,7 @@ asking twice is paid only there.
 Brokers deliver bytes.  ``decode = "json"`` (RabbitMQ and NATS: the body; Redis: one field
 of the entry) gives the handler the parsed value instead; ``"text"`` gives ``str``.  A
 payload that does not decode is not lost and not dropped: the message is delivered failed
-(``metadata["error"]`` says why, ``data`` keeps the raw payload), so it takes the source's
+(a :class:`~.base.FailedItem` says why, ``data`` keeps the raw payload), so it takes the source's
 failure policy, which keeps the original (dead-letter exchange, dead-letter stream or
 subject).
 """
@@ -28,7 +28,7 @@ from typing import Any
 
 import msgspec
 
-from .base import Item, SourceOptionError
+from .base import FailedItem, Item, SourceOptionError, failure_of
 
 #: values of the ``decode`` option of the ``rabbitmq`` and ``nats`` sources
 BODY_DECODES = ("none", "json", "text")
@@ -80,15 +80,16 @@ def option_decode(source: str, options: Mapping[str, Any],
 def decode_bodies(items: list[Item], decode: Callable[[bytes], Any], what: str = "body"
                   ) -> int:
     """Decode each item's data in place; an item whose data does not decode keeps its raw
-    data and gets ``metadata["error"]`` (it fails).  Items already failed (an oversized
-    body, data ``None``) are left as they are.  Returns how many did not decode."""
+    data and becomes a :class:`~.base.FailedItem` (it fails).  Items already failed (an
+    oversized body, data ``None``) are left as they are.  Returns how many did not decode."""
     bad = 0
-    for i, (msg_id, data, meta, handle) in enumerate(items):
-        if data is None or "error" in meta:
+    for i, item in enumerate(items):
+        msg_id, data, meta, handle = item
+        if data is None or failure_of(item) is not None:
             continue
         try:
             items[i] = (msg_id, decode(data), meta, handle)
         except DECODE_ERRORS as exc:
-            meta["error"] = why_not(exc, what)
+            items[i] = FailedItem(msg_id, data, meta, handle, why_not(exc, what))
             bad += 1
     return bad

@@ -329,6 +329,7 @@ def test_requeuing_policy_rejects_what_would_only_fail_again(rabbit: Rabbit,
     back to crash or fail for ever.  An ordinary failure is requeued."""
     import pika
     from offbroadway.stages.poison.guard import POISON_REASON
+    from offbroadway.stages.sources.base import failure_of
 
     q = rabbit.queue(dlx=True)
     rabbit.publish(q, 3)
@@ -336,11 +337,11 @@ def test_requeuing_policy_rejects_what_would_only_fail_again(rabbit: Rabbit,
     src = make(q, sources, prefetch_count=10, max_message_bytes=1000)
     assert src.settings.on_failure == "reject_and_requeue"
     got: dict = {}
-    consume(src, 4, lambda items: got.update({m: (meta, h) for m, _d, meta, h in items}))
-    assert "over max_message_bytes" in got["big"][0]["error"]
+    consume(src, 4, lambda items: got.update({it[0]: (failure_of(it), it[3]) for it in items}))
+    assert "over max_message_bytes" in got["big"][0]
     src.fail([(got["m0"][1], f"{POISON_REASON}killed a processor 3 times (last: x)"),
               (got["m1"][1], "handle_message raised ValueError: try again"),
-              (got["big"][1], got["big"][0]["error"])])
+              (got["big"][1], got["big"][0])])
     src.ack([got["m2"][1]])
     again: list = []
     consume(src, 1, again.extend)

@@ -22,6 +22,7 @@ import random
 import sys
 
 from offbroadway.stages.sources import get_source
+from offbroadway.stages.sources.base import failure_of
 
 
 def main() -> None:
@@ -38,8 +39,7 @@ def main() -> None:
         items.extend(got)
     mode = job["mode"]
     if mode == "drain":
-        out = [[meta["file"], meta["line"], data, meta.get("error")]
-               for _, data, meta, _ in items]
+        out = [[it[2]["file"], it[2]["line"], it[1], failure_of(it)] for it in items]
         print(json.dumps(out), flush=True)
         src.close()
         return

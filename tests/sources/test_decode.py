@@ -9,7 +9,7 @@ import math
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from offbroadway.stages.sources.base import SourceOptionError
+from offbroadway.stages.sources.base import FailedItem, SourceOptionError, failure_of
 from offbroadway.stages.sources.decode import (
     DECODE_ERRORS,
     decode_bodies,
@@ -82,27 +82,28 @@ def test_spool_lines_keep_json_s_values_and_reasons(spool: SpoolDirs) -> None:
     spool.write("c.jsonl", lines, raw=True)
     items = {it[2]["line"]: it for it in drain(spool.source())}
     assert items[1][1] == {"big": 123456789012345678901234567890}
-    assert math.isnan(items[2][1]) and "error" not in items[2][2]
+    assert math.isnan(items[2][1]) and failure_of(items[2]) is None
     assert items[3][1] == {"ok": 1}
     for line in (4, 5, 6):
         try:
             json.loads(lines[line - 1])
         except DECODE_ERRORS as exc:
-            assert items[line][2]["error"] == f"line is not valid JSON: {exc}"
+            assert failure_of(items[line]) == f"line is not valid JSON: {exc}"
+            assert items[line][2] == {"file": "c.jsonl", "line": line}
         else:
             raise AssertionError(f"line {line} is JSON")
 
 
 def test_decode_bodies_marks_what_does_not_decode_and_keeps_the_payload() -> None:
-    items = [("a", b'{"x": 1}', {}, 1), ("b", b"{oops", {}, 2), ("c", None, {"error": "big"}, 3),
-             ("d", b"\xff", {}, 4)]
+    items = [("a", b'{"x": 1}', {}, 1), ("b", b"{oops", {}, 2),
+             FailedItem("c", None, {}, 3, "big"), ("d", b"\xff", {}, 4)]
     assert decode_bodies(items, json_value) == 2
     assert items[0] == ("a", {"x": 1}, {}, 1)
     assert items[1][1] == b"{oops"
-    assert items[1][2]["error"] == why_not(json.JSONDecodeError(
+    assert items[1][2] == {} and failure_of(items[1]) == why_not(json.JSONDecodeError(
         "Expecting property name enclosed in double quotes", "{oops", 1), "body")
-    assert items[2] == ("c", None, {"error": "big"}, 3)
-    assert items[3][2]["error"].startswith("body is not valid UTF-8: ")
+    assert items[2] == ("c", None, {}, 3) and failure_of(items[2]) == "big"
+    assert failure_of(items[3]).startswith("body is not valid UTF-8: ")
 
 
 def test_decode_option_is_checked_by_name() -> None:

@@ -20,6 +20,7 @@ from offbroadway.stages.sources import SourceOptionError, get_source
 from offbroadway.stages.sources.base import (
     DEFAULT_MAX_MESSAGE_BYTES,
     MAX_MESSAGE_BYTES_LIMIT,
+    failure_of,
 )
 
 from tests.brokers.conftest import AMQP_URL, REDIS_URL, rabbit, rq, unique  # noqa: F401
@@ -62,15 +63,15 @@ def test_spool_fails_oversized_lines_without_reading_them_whole(spool: SpoolDirs
     path.write_text("\n".join(lines))            # the oversized last line has no newline
     src = spool.source(max_message_bytes=limit)
     items = drain(src)
-    by_line = {meta["line"]: (data, meta, handle) for _, data, meta, handle in items}
+    by_line = {it[2]["line"]: (it[1], it[2], it[3], failure_of(it)) for it in items}
     assert sorted(by_line) == [1, 2, 3, 4, 5, 6]
     assert [by_line[n][0] for n in (1, 3, 5)] == [{"n": 1}, {"n": 3}, {"n": 5}]
     raw = path.read_bytes()
     for n in (2, 4, 6):
-        data, meta, _ = by_line[n]
+        data, meta, _, failed = by_line[n]
         size = len(lines[n - 1].encode())
-        assert data is None and meta["line_bytes"] == size
-        assert meta["error"] == (f"line of {size} bytes is over max_message_bytes ({limit}); "
+        assert data is None and meta["line_bytes"] == size and "error" not in meta
+        assert failed == (f"line of {size} bytes is over max_message_bytes ({limit}); "
                                  f"not delivered to handle_message")
     assert src.stats()["oversized"] == 3
     # the process never held a 3 MiB line: what it keeps for in-flight lines is small
@@ -78,7 +79,7 @@ def test_spool_fails_oversized_lines_without_reading_them_whole(spool: SpoolDirs
                for fs in src._files.values() for v in fs.outstanding.values())
 
     src.ack([by_line[n][2] for n in (1, 3, 5)])
-    src.fail([(by_line[n][2], by_line[n][1]["error"]) for n in (2, 4, 6)])
+    src.fail([(by_line[n][2], by_line[n][3]) for n in (2, 4, 6)])
     dead = [json.loads(x) for x in spool.dead_letter.read_text().splitlines()]
     assert [d["line"] for d in dead] == [2, 4, 6]
     assert all(d["text"] is None and "over max_message_bytes" in d["reason"] for d in dead)
@@ -94,7 +95,7 @@ def test_spool_limit_counts_bytes_not_characters(spool: SpoolDirs) -> None:
     wide = "é" * 600                              # 600 characters, 1200 bytes in UTF-8
     spool.write("u.jsonl", [{"w": wide}, {"n": 2}])
     items = drain(spool.source(max_message_bytes=1000))
-    assert items[0][1] is None and "over max_message_bytes" in items[0][2]["error"]
+    assert items[0][1] is None and "over max_message_bytes" in failure_of(items[0])
     assert items[1][1] == {"n": 2}
 
 
@@ -116,9 +117,9 @@ def test_redis_fails_oversized_entries_and_dead_letters_them_whole(rq) -> None: 
         assert items[small][1] == {"n": "1"} and items[after][1] == {"n": "3"}
         _, data, meta, handle = items[big]
         assert data is None and meta["entry_bytes"] == 5004
-        assert "entry of 5004 bytes is over max_message_bytes (1000)" in meta["error"]
+        assert "entry of 5004 bytes is over max_message_bytes (1000)" in failure_of(items[big])
         src.ack([items[small][3], items[after][3]])
-        src.fail([(handle, meta["error"])])
+        src.fail([(handle, failure_of(items[big]))])
         dead = rq.xrange(f"{stream}:dead")
         assert len(dead) == 1 and dead[0][1][b"blob"] == b"z" * 5000
         assert b"over max_message_bytes" in dead[0][1][b"dead_letter.reason"]

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from offbroadway.stages.sources import SourceOptionError, get_source
+from offbroadway.stages.sources.base import failure_of
 
 from .conftest import SpoolDirs, by_key, drain, keys
 
@@ -54,7 +55,8 @@ def test_bad_lines_are_delivered_as_failed_messages(spool: SpoolDirs) -> None:
     (spool.path / "bad.jsonl").write_bytes(
         b'{"ok": 1}\n{not json\n{"a": 1} {"b": 2}\n\xff\xfe{"x": 1}\n{"ok": 2}\n')
     items = drain(spool.source())
-    errors = {it[2]["line"]: it[2].get("error") for it in items}
+    errors = {it[2]["line"]: failure_of(it) for it in items}
+    assert all(set(it[2]) == {"file", "line"} for it in items)
     assert errors[1] is None and errors[5] is None
     assert errors[2].startswith("line is not valid JSON: ")
     assert errors[3].startswith("line is not valid JSON: Extra data")
@@ -115,7 +117,7 @@ def test_failed_lines_go_to_dead_letter_and_settle(spool: SpoolDirs) -> None:
     spool.write("a.jsonl", ['{"n": 1}', "{broken", '{"n": 3}'], raw=True)
     src = spool.source()
     items = by_key(drain(src))
-    src.fail([(items[("a.jsonl", 2)][3], items[("a.jsonl", 2)][2]["error"]),
+    src.fail([(items[("a.jsonl", 2)][3], failure_of(items[("a.jsonl", 2)])),
               (items[("a.jsonl", 3)][3], "handler raised KeyError")])
     entries = [json.loads(line) for line in spool.dead_letter.read_text().splitlines()]
     assert [(e["file"], e["line"], e["text"]) for e in entries] == [
@@ -165,7 +167,7 @@ def test_requeued_bad_line_keeps_its_error(spool: SpoolDirs) -> None:
     (item,) = drain(src)
     src.requeue([item[3]])
     (again,) = drain(src)
-    assert again[2]["error"] == item[2]["error"] and again[3] == item[3]
+    assert failure_of(again) == failure_of(item) and again[3] == item[3]
 
 
 def test_two_producers_partition_the_files(spool: SpoolDirs) -> None:

@@ -13,6 +13,7 @@ from offbroadway.stages.roles.batcher import BatcherStage
 from offbroadway.stages.roles.processor import ProcessorStage
 from offbroadway.stages.roles.producer import ProducerStage
 from offbroadway.stages.runtime.spec import StageSpec
+from offbroadway.stages.sources.base import FailedItem
 from offbroadway.stages.wire import commands, protocol
 
 from tests.stages import role_handlers
@@ -61,6 +62,21 @@ def test_producer_sends_on_demand_and_acks_settle_the_source(tmp_path: Path) -> 
     # a stage downstream died: what is in flight goes back to the source
     stage._on_requeue(commands.Requeue("processor_default_0 died", None, False))
     assert len(stage.inflight) == 0 and stage.counters["requeued"] == 2
+
+
+def test_producer_fails_what_its_source_hands_over_failed(tmp_path: Path) -> None:
+    """A source's failure travels beside the message (FailedItem), leaving its metadata
+    alone; a source that still says it in ``metadata["error"]`` is understood the same."""
+    spec = StageSpec("producer_0", "producer", "t", str(tmp_path), source="generator",
+                     source_options={"count": 10}, consumer_count=1)
+    stage = ProducerStage(spec, FakeIO())
+    stage.setup()
+    first = stage.next_token
+    evs = stage._to_events([("ok", 1, {"k": 1}, "h1"),
+                            FailedItem("new", b"raw", {"k": 2}, "h2", "not JSON"),
+                            ("old", None, {"error": "too big"}, "h3")])
+    assert [P.event_payload(ev)[1] for ev in evs] == [{"k": 1}, {"k": 2}, {"error": "too big"}]
+    assert stage._failed == {first + 1: "not JSON", first + 2: "too big"}
 
 
 def test_processor_runs_the_handler_and_acks_each_message_to_its_producer(

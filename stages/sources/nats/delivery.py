@@ -2,15 +2,15 @@
 
 Message id: the publisher's ``Nats-Msg-Id`` header when there is one (so duplicates can be
 recognised downstream), else ``<stream>:<stream sequence>``, stable across redeliveries.
-A body over ``max_message_bytes`` is not handed out: the item carries the failure in
-``metadata["error"]`` and no body, and the failure policy settles it.
+A body over ``max_message_bytes`` is not handed out: the item is a failed one
+(``FailedItem``, the reason beside it) with no body, and the failure policy settles it.
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ..base import Item, oversized
+from ..base import FailedItem, Item, oversized
 from .settings import NatsSettings
 
 DEAD_LETTER_HEADER = "Offbroadway-Dead-Letter"
@@ -39,14 +39,12 @@ def to_item(msg: Any, max_bytes: int) -> Item:
     if headers:
         meta["headers"] = headers
     msg_id = (headers or {}).get("Nats-Msg-Id") or f"{md.stream}:{md.sequence.stream}"
-    data: bytes | None = msg.data
-    if len(msg.data) > max_bytes:
-        meta["error"] = oversized(len(msg.data), max_bytes)
-        meta["body_bytes"] = len(msg.data)
-        data = None
     handle = NatsHandle(msg.reply, md.num_delivered, md.sequence.stream, msg.subject,
                         msg.data, headers)
-    return (msg_id, data, meta, handle)
+    if len(msg.data) > max_bytes:
+        meta["body_bytes"] = len(msg.data)
+        return FailedItem(msg_id, None, meta, handle, oversized(len(msg.data), max_bytes))
+    return (msg_id, msg.data, meta, handle)
 
 
 def dead_letter_headers(h: NatsHandle, reason: str, s: NatsSettings) -> dict[str, str]:

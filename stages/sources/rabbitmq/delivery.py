@@ -12,7 +12,7 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any, NamedTuple
 
-from ..base import Item, oversized
+from ..base import FailedItem, Item, oversized
 
 _BASIC_PROPERTIES = ("content_type", "content_encoding", "delivery_mode", "priority",
                      "correlation_id", "reply_to", "expiration", "message_id", "timestamp",
@@ -57,8 +57,8 @@ def to_item(method: Any, props: Any, body: bytes, queue: str, incarnation: int,
     """The item of one delivery.  Message id: the AMQP ``message_id`` when the publisher
     set one (duplicates after a redelivery can be recognised downstream), else
     ``"<delivery tag>@<session>.<incarnation>"``, unique per delivery.  A body over
-    ``max_bytes`` is left with the broker: the item carries the failure in
-    ``metadata["error"]`` and no body, and the failure policy dead-letters it whole."""
+    ``max_bytes`` is left with the broker: the item is a ``FailedItem`` with
+    no body, and the failure policy dead-letters it whole."""
     tag = method.delivery_tag
     redelivered = bool(method.redelivered)
     meta: dict[str, Any] = {
@@ -73,7 +73,7 @@ def to_item(method: Any, props: Any, body: bytes, queue: str, incarnation: int,
         meta["headers"] = headers
     msg_id = props.message_id or f"{tag}@{session}.{incarnation}"
     if len(body) > max_bytes:
-        meta["error"] = oversized(len(body), max_bytes)
         meta["body_bytes"] = len(body)
-        return msg_id, None, meta, RabbitMQHandle(incarnation, tag, redelivered, True)
+        return FailedItem(msg_id, None, meta, RabbitMQHandle(incarnation, tag, redelivered, True),
+                          oversized(len(body), max_bytes))
     return msg_id, body, meta, RabbitMQHandle(incarnation, tag, redelivered)

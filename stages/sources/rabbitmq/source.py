@@ -27,7 +27,15 @@ from typing import TYPE_CHECKING, Any
 
 from ...runtime.redact import describe_error, mask_url
 from .. import window_option
-from ..base import Failure, Item, Source, SourceError, not_contacted
+from ..base import (
+    FailedItem,
+    Failure,
+    Item,
+    Source,
+    SourceError,
+    failure_of,
+    not_contacted,
+)
 from ..decode import body_decoder, decode_bodies
 from ..mailbox import Mailbox
 from .connection import Consumer
@@ -172,9 +180,11 @@ class RabbitMQSource(Source):
     def _doom_undecodable(self, items: list[Item]) -> None:
         """Mark the handles of bodies that did not decode as doomed: a requeue would only
         bring them back to fail again (:mod:`.settle`)."""
-        for i, (msg_id, data, meta, handle) in enumerate(items):
-            if "error" in meta and not handle.doomed:
-                items[i] = (msg_id, data, meta, handle._replace(doomed=True))
+        for i, item in enumerate(items):
+            msg_id, data, meta, handle = item
+            reason = failure_of(item)
+            if reason is not None and not handle.doomed:
+                items[i] = FailedItem(msg_id, data, meta, handle._replace(doomed=True), reason)
                 self.undecodable += 1
 
     def ack(self, handles: list[Any]) -> None:

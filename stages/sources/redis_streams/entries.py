@@ -30,22 +30,21 @@ def field_map(fields: dict) -> dict:
     return {text(k): text(v) for k, v in fields.items()}
 
 
-def json_field(fields: dict, name: str, meta: dict) -> Any:
-    """``decode = "json"``: the JSON value of field ``name``; the other fields go to
-    ``meta["fields"]``.  An entry without that field, or whose field is not JSON, keeps its
-    field map as data and fails (``meta["error"]``), to be dead-lettered whole."""
+def json_field(fields: dict, name: str, meta: dict) -> tuple[Any, str | None]:
+    """``decode = "json"``: the JSON value of field ``name`` and None; the other fields go
+    to ``meta["fields"]``.  An entry without that field, or whose field is not JSON, keeps
+    its field map as data, with the reason it fails (the source hands it over as a
+    ``FailedItem``), to be dead-lettered whole."""
     raw = fields.get(name.encode(), fields.get(name))
     rest = {text(k): text(v) for k, v in fields.items() if text(k) != name}
     if rest:
         meta["fields"] = rest
     if raw is None:
-        meta["error"] = f"entry has no field {name!r} to decode (decode = \"json\")"
-        return field_map(fields)
+        return field_map(fields), f"entry has no field {name!r} to decode (decode = \"json\")"
     try:
-        return json_value(raw)
+        return json_value(raw), None
     except DECODE_ERRORS as exc:
-        meta["error"] = why_not(exc, f"field {name!r}")
-        return field_map(fields)
+        return field_map(fields), why_not(exc, f"field {name!r}")
 
 
 def id_text(value: Any) -> str:

@@ -43,6 +43,7 @@ from redis.retry import Retry
 from ...runtime.redact import describe_error, mask_url
 from ..base import (
     Backoff,
+    FailedItem,
     Failure,
     Item,
     Source,
@@ -326,16 +327,19 @@ class RedisStreamsSource(Source):
             if size > limit:
                 # failed, not delivered: dead-lettered whole from the handle (on_failure)
                 self.oversized += 1
-                meta["error"] = oversized(size, limit, "entry")
                 meta["entry_bytes"] = size
-                out.append((entry_id, None, meta, handle))
+                out.append(FailedItem(entry_id, None, meta, handle,
+                                      oversized(size, limit, "entry")))
                 continue
             if self._json_field is None:
-                data = field_map(fields)
+                out.append((entry_id, field_map(fields), meta, handle))
+                continue
+            data, failed = json_field(fields, self._json_field, meta)
+            if failed is None:
+                out.append((entry_id, data, meta, handle))
             else:
-                data = json_field(fields, self._json_field, meta)
-                self.undecodable += "error" in meta
-            out.append((entry_id, data, meta, handle))
+                self.undecodable += 1
+                out.append(FailedItem(entry_id, data, meta, handle, failed))
         if vanished:
             self.vanished += len(vanished)
             self._xack(vanished)

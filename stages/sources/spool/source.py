@@ -2,8 +2,8 @@
 
 Each non-blank line of a ``*.jsonl`` file in ``path`` is one message: ``data`` is the parsed
 JSON value, ``metadata`` is ``{"file": name, "line": n}`` (1-based) and the id is
-``"<file>:<line>"``.  A line that is not JSON is still delivered, with
-``metadata["error"]`` saying why, so it fails visibly through ``handle_failed``.
+``"<file>:<line>"``.  A line that is not JSON is still delivered, failed
+(a ``FailedItem`` saying why), so it fails visibly through ``handle_failed``.
 
 Durability is the point.  Settled lines (acked, or failed and written to the dead letter
 file, :mod:`.deadletter`) are recorded in the file's ack ledger (:mod:`.ledger`,
@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
-from ..base import Failure, Item, Source, SourceOptionError, oversized
+from ..base import FailedItem, Failure, Item, Source, SourceOptionError, oversized
 from ..decode import DECODE_ERRORS, fast_json, json_value
 from . import record
 from .deadletter import DeadLetters
@@ -231,21 +231,20 @@ class SpoolSource(Source):
         """One message from a line: the slow path, for requeued lines, lines the fast
         decoder refuses, and lines that are not JSON (with ``json``'s reason)."""
         meta: dict[str, Any] = {"file": fs.name, "line": lineno}
+        msg_id, handle = f"{fs.name}:{lineno}", fs.key | lineno
         if isinstance(raw, Oversized):
-            meta["error"] = oversized(raw.size, self.max_message_bytes, "line")
             meta["line_bytes"] = raw.size
-            return (f"{fs.name}:{lineno}", None, meta, fs.key | lineno)
+            return FailedItem(msg_id, None, meta, handle,
+                              oversized(raw.size, self.max_message_bytes, "line"))
         try:
             data = json_value(raw)
         except DECODE_ERRORS as exc:
             self.invalid += 1
             if isinstance(raw, bytes):
-                data = raw.decode("utf-8", "replace")
-                meta["error"] = f"line is not valid UTF-8: {exc}"
-            else:
-                data = raw
-                meta["error"] = f"line is not valid JSON: {exc}"
-        return (f"{fs.name}:{lineno}", data, meta, fs.key | lineno)
+                return FailedItem(msg_id, raw.decode("utf-8", "replace"), meta, handle,
+                                  f"line is not valid UTF-8: {exc}")
+            return FailedItem(msg_id, raw, meta, handle, f"line is not valid JSON: {exc}")
+        return (msg_id, data, meta, handle)
 
     def _at_eof(self, fs: SpoolFile) -> None:
         fs.eof = True
