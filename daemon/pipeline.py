@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from offbroadway.stages.flow import ratelimit
-from offbroadway.stages.poison.blame import Blame
 from offbroadway.stages.runtime.spec import PROCESSOR_KEY
 from offbroadway.stages.wire import commands
+from offbroadway.stages.wire.commands import Blame
 from offbroadway.supervision import (
     ChildExited,
     Restarting,

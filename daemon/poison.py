@@ -5,7 +5,7 @@ A processor keeps its blame record in a file that outlives it
 (:mod:`offbroadway.stages.poison.blame`); :func:`read_blame` takes it at the processor's
 exit.  :class:`Quarantine` (pure) turns the records of a crash cascade into what the
 producers' single requeue carries
-(:class:`~offbroadway.stages.wire.commands.CrashBlame`, and whether to quarantine suspects),
+(:class:`~offbroadway.stages.wire.commands.Blame`, and whether to quarantine suspects),
 and says when the last of the restarting processors is back, so the producers are released.
 The producers' side is :mod:`offbroadway.stages.poison.guard`.
 """
@@ -15,13 +15,13 @@ from __future__ import annotations
 import logging
 
 from offbroadway.stages.poison import blame as blame_mod
-from offbroadway.stages.wire.commands import CrashBlame
+from offbroadway.stages.wire.commands import Blame
 from offbroadway.supervision import ChildExited
 
 log = logging.getLogger("offbroadway.daemon")
 
 
-def read_blame(runtime_dir: str, event: ChildExited) -> blame_mod.Blame | None:
+def read_blame(runtime_dir: str, event: ChildExited) -> Blame | None:
     """What a processor that died on its own was running (its blame record), said in one
     line.
 
@@ -42,17 +42,13 @@ def read_blame(runtime_dir: str, event: ChildExited) -> blame_mod.Blame | None:
     return record
 
 
-def crash_blames(child_id: str, how: str, record: blame_mod.Blame | None
-                 ) -> dict[int, CrashBlame]:
+def crash_blames(child_id: str, how: str, record: Blame | None) -> dict[int, Blame]:
     """A dead processor's blame record, per producer index, as each producer's requeue
-    carries it."""
+    carries it: said of ``child_id`` that ended ``how``, with that producer's suspects."""
     if record is None:
         return {}
-    by_producer: dict[int, list[tuple[int, str]]] = {}
-    for s in record.suspects:
-        by_producer.setdefault(s.producer, []).append((s.token, s.id))
-    return {i: CrashBlame(child_id, how, record.kind, record.frame_size, tuple(suspects))
-            for i, suspects in by_producer.items()}
+    crash = record.crashed(child_id, how)
+    return {i: crash.of(i) for i in dict.fromkeys(s.producer for s in record.suspects)}
 
 
 class Quarantine:
@@ -65,13 +61,13 @@ class Quarantine:
         self.max_crashes = max_crashes
         self.blamed = blamed
         #: producer index -> the blame its next requeue carries
-        self.blames: dict[int, CrashBlame] = {}
+        self.blames: dict[int, Blame] = {}
         #: the next requeue quarantines suspects (a processor died on its own)
         self.pending = False
         #: blamed stages of the cascade not up again yet: suspects wait until then
         self.awaiting: set[str] = set()
 
-    def crashed(self, child_id: str, how: str, record: blame_mod.Blame | None) -> None:
+    def crashed(self, child_id: str, how: str, record: Blame | None) -> None:
         """A blamed stage died on its own (``how``), running ``record``."""
         if not self.max_crashes:
             return
@@ -82,7 +78,7 @@ class Quarantine:
             # takes one blame per requeue, the first; the other message is requeued unstruck
             self.blames.setdefault(index, blame)
 
-    def requeue(self, alive: set[str]) -> tuple[dict[int, CrashBlame], bool, bool]:
+    def requeue(self, alive: set[str]) -> tuple[dict[int, Blame], bool, bool]:
         """The cascade is down and its requeue goes out: (blames per producer index,
         quarantine, release at once: no blamed stage is restarting after all).  The state
         is spent."""

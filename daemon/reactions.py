@@ -25,7 +25,7 @@ takes what it held with it, so the producers hand everything in flight back to t
   :class:`Restarting` brings the same single requeue, without blame.
 * **Poison blame.**  A processor that died on its own names what it was running (its blame
   record); the requeue carries it to the producer that emitted it
-  (:class:`~offbroadway.stages.wire.commands.CrashBlame`), and ``quarantine`` keeps suspects
+  (:class:`~offbroadway.stages.wire.commands.Blame`), and ``quarantine`` keeps suspects
   back until every processor is up again (``release_suspects``).
 * **A resize is no crash.**  The new topology is taken at once (:meth:`Reactions.adopt`);
   a stage the resize removes drains itself first and says ``left``
@@ -50,9 +50,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from offbroadway.stages.poison.blame import Blame
 from offbroadway.stages.runtime.spec import StageSpec
 from offbroadway.stages.wire import commands
+from offbroadway.stages.wire.commands import Blame
 from offbroadway.supervision import ChildExited, ChildStarted, Restarting
 from offbroadway.supervision.tree import SpecTree
 

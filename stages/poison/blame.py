@@ -11,7 +11,7 @@ reading them is one ``read`` for the daemon.
 
 The record is rewritten before every ``handle_message`` (and before ``prepare_messages``,
 for the whole frame) and marked idle after the frame.  With a frame's packed events
-(:meth:`BlameRecorder.events`, issue 12) the frame is copied into the record once, and
+(:meth:`BlameRecorder.events`) the frame is copied into the record once, and
 each ``handle_message`` then writes only its message's position in the frame (four bytes
 and, for the first, the state byte): the blame stays per message, so a crash strikes the
 message that was running and nothing else, at a fraction of the per-message cost of
@@ -43,12 +43,12 @@ import mmap
 import os
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import msgpack
 
 from ..wire import protocol
+from ..wire.commands import Blame, Suspect
 
 MAGIC = b"OBB1"
 SIZE = 4096
@@ -76,25 +76,6 @@ class Blamed(Protocol):
     id: str
     origin: int
     token: int
-
-
-@dataclass(frozen=True)
-class Suspect:
-    producer: int
-    token: int
-    id: str
-
-
-@dataclass(frozen=True)
-class Blame:
-    """What a dead processor was running: one message, or a ``prepare_messages`` frame.
-
-    ``frame_size`` can exceed ``len(suspects)`` when a frame's ids did not all fit.
-    """
-
-    kind: str
-    suspects: tuple[Suspect, ...]
-    frame_size: int
 
 
 def path(runtime_dir: str, stage_id: str) -> str:
@@ -240,7 +221,10 @@ class BlameRecorder:
 
 
 def parse(raw: bytes) -> Blame | None:
-    """A record's bytes → what was running, or None (idle, torn, or not a record)."""
+    """A record's bytes → what was running, or None (idle, torn, or not a record).
+
+    The :class:`~offbroadway.stages.wire.commands.Blame` the producers' requeue carries,
+    without the dead processor's name and end, which only the daemon knows."""
     if len(raw) < HEADER.size:
         return None
     magic, state, count, frame_size = HEADER.unpack_from(raw, 0)

@@ -2,7 +2,7 @@
 
 A handler that kills its processor leaves no exception to catch; the processor's blame
 record (:mod:`.blame`) names what it was running, and the daemon hands that to the
-producer that emitted it with the requeue (:class:`~.commands.CrashBlame`).  Everything the
+producer that emitted it with the requeue (:class:`~.commands.Blame`).  Everything the
 producer then does about it is here, pure and synchronous (ARCHITECTURE §9):
 
 * :class:`StrikeTable` counts crashes per message id (what survives a redelivery; a token
@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..wire import protocol
-from ..wire.commands import CrashBlame
+from ..wire.commands import Blame
 
 DEFAULT_CAP = 10_000
 
@@ -46,9 +46,12 @@ log = logging.getLogger("offbroadway.producer")
 
 @dataclass
 class Record:
+    """One struck message: how many crashes are blamed on it, and the last of them (the
+    :class:`~.commands.Blame` the daemon sent, whose processor and end the poison verdict
+    names)."""
+
     crashes: int
-    child: str
-    how: str
+    last: Blame
 
 
 #: how the reason of a message failed as poison begins (a requeuing failure policy must not
@@ -87,20 +90,20 @@ class StrikeTable:
         rec = self._table.get(msg_id)
         return rec.crashes if rec is not None else 0
 
-    def strike(self, msg_id: str, child: str, how: str) -> int:
-        """One more crash blamed on ``msg_id`` (of ``child``, ended ``how``): the count."""
+    def strike(self, msg_id: str, blame: Blame) -> int:
+        """One more crash blamed on ``msg_id`` (by ``blame``): the count."""
         if not self.limit:
             return 0
         rec = self._table.get(msg_id)
         if rec is None:
-            rec = self._table[msg_id] = Record(0, child, how)
+            rec = self._table[msg_id] = Record(0, blame)
             while len(self._table) > self.cap:
                 self._table.popitem(last=False)
                 self.evicted += 1
         else:
             self._table.move_to_end(msg_id)
         rec.crashes += 1
-        rec.child, rec.how = child, how
+        rec.last = blame
         return rec.crashes
 
     def verdict(self, msg_id: str) -> str | None:
@@ -109,7 +112,7 @@ class StrikeTable:
         if rec is None or not self.limit or rec.crashes < self.limit:
             return None
         times = "once" if rec.crashes == 1 else f"{rec.crashes} times"
-        return f"{POISON_REASON}killed a processor {times} (last: {rec.child} {rec.how})"
+        return f"{POISON_REASON}killed a processor {times} (last: {rec.last.child} {rec.last.how})"
 
     def forget(self, msg_id: str) -> None:
         """The message settled: its crashes no longer matter."""
@@ -155,23 +158,23 @@ class PoisonGuard:
         """Whether new events must be looked at (:meth:`mark`): false in the common case."""
         return bool(self.strikes) or bool(self.isolate)
 
-    def blame(self, blame: CrashBlame, ours: Callable[[object], bool]) -> Verdict | None:
+    def blame(self, blame: Blame, ours: Callable[[object], bool]) -> Verdict | None:
         """A processor died running messages of ours (``ours(token)``: issued by this
         incarnation): strike the one it was running, or isolate the frame it was
         preparing.  None when nothing of ours was named (or poison handling is off)."""
         if not self.strikes.limit:
             return None
-        suspects = [(t, i) for t, i in blame.suspects if ours(t)]
+        suspects = [s for s in blame.suspects if ours(s.token)]
         if not suspects:
             return None
         if blame.kind == "handle_message" or (len(suspects) == 1 and blame.frame_size == 1):
-            msg_id = suspects[0][1]
-            n = self.strikes.strike(msg_id, blame.child, blame.how)
+            msg_id = suspects[0].id
+            n = self.strikes.strike(msg_id, blame)
             poison = self.strikes.verdict(msg_id) is not None
             return Verdict("poison" if poison else "struck", msg_id, n)
         if len(self.isolate) + len(suspects) > self.cap:
             self.isolate.clear()
-        self.isolate.update(i for _, i in suspects)
+        self.isolate.update(s.id for s in suspects)
         return Verdict("isolated")
 
     def mark(self, events: list[list], failed: dict[int, str]) -> None:
@@ -261,7 +264,7 @@ class PoisonGuard:
         if self.watch:
             self.failed += self.settled(ok, failed, in_flight)
 
-    def on_requeue(self, blame: CrashBlame | None, quarantine: bool,
+    def on_requeue(self, blame: Blame | None, quarantine: bool,
                    ours: Callable[[object], bool]) -> None:
         """Everything in flight went back to the source, after a crash that ``blame``
         names (None: no processor died on its own); ``quarantine`` while they restart."""
@@ -275,7 +278,7 @@ class PoisonGuard:
         """The processors are back after a crash: suspects run again, one per frame."""
         self.release()
 
-    def _log(self, verdict: Verdict, blame: CrashBlame) -> None:
+    def _log(self, verdict: Verdict, blame: Blame) -> None:
         sid, child, how = self.stage_id, blame.child, blame.how
         if verdict.what == "isolated":
             log.warning("%s: %s %s in prepare_messages of a frame of %s messages; they are "

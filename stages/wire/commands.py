@@ -24,7 +24,7 @@ Resubscribe         a stage's consumers  that upstream restarted: subscribe afre
                                         one path; in the drain, it is done instead)
 Requeue             producers           a crash cascade lost what it held: hand every
                                         message in flight back to the source (with the
-                                        crash's :class:`CrashBlame`, if any)
+                                        crash's :class:`Blame`, if any)
 Redelivery          committers          the sources take back what was in flight (a
                                         producer restarts, or the live ones requeue):
                                         copies of committed messages may come again
@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from . import protocol
 
@@ -61,28 +61,54 @@ class BadCommand(ValueError):
 
 
 # -- the poison contract ------------------------------------------------------------------
+class Suspect(NamedTuple):
+    """One message a dead processor was running: the index of the producer that emitted
+    it, its token there (per delivery) and its id (what survives a redelivery)."""
+
+    producer: int
+    token: int
+    id: str
+
+
 @dataclass(frozen=True)
-class CrashBlame:
-    """What a processor that died on its own was running, for the producer that emitted it.
+class Blame:
+    """What a processor that died on its own was running: the one record of that fact, from
+    the processor's blame file (:mod:`offbroadway.stages.poison.blame`, where ``child`` and
+    ``how`` are not known yet) through the daemon (which adds them and gives each producer
+    its own suspects, :meth:`of`) to the producer's strike table
+    (:mod:`offbroadway.stages.poison.guard`).
 
     ``kind`` is the callback it died in (``handle_message``: one message is struck;
-    ``prepare_messages``: the frame's messages each run alone next time); ``suspects`` are
-    that producer's (token, message id) pairs; ``frame_size`` may exceed them when a frame's
-    ids did not all fit the blame record.
+    ``prepare_messages``: the frame's messages each run alone next time); ``frame_size``
+    may exceed ``len(suspects)`` when a frame's ids did not all fit the blame record;
+    ``child`` is the processor and ``how`` how it ended (``killed by SIGSEGV``).
     """
 
-    child: str
-    how: str
     kind: str
+    suspects: tuple[Suspect, ...]
     frame_size: int
-    suspects: tuple[tuple[int, str], ...]
+    child: str = ""
+    how: str = ""
+
+    def crashed(self, child: str, how: str) -> Blame:
+        """This record, said of the processor ``child`` that ended ``how``."""
+        return dataclasses.replace(self, child=child, how=how)
+
+    def of(self, producer: int) -> Blame:
+        """The part of this blame that concerns one producer (its own suspects)."""
+        return dataclasses.replace(
+            self, suspects=tuple(s for s in self.suspects if s.producer == producer))
 
     def to_wire(self) -> dict[str, Any]:
+        """Every field by name (suspects too), so neither side depends on an order."""
         return {"child": self.child, "how": self.how, "kind": self.kind,
-                "frame_size": self.frame_size, "suspects": [list(s) for s in self.suspects]}
+                "frame_size": self.frame_size,
+                "suspects": [s._asdict() for s in self.suspects]}
 
     @classmethod
-    def from_wire(cls, raw: object) -> CrashBlame:
+    def from_wire(cls, raw: object) -> Blame:
+        """The record :meth:`to_wire` sent; a suspect that does not check is left out, a
+        blame that does not check raises :class:`BadCommand`."""
         if not isinstance(raw, dict):
             raise BadCommand("blame is not a map")
         try:
@@ -92,10 +118,20 @@ class CrashBlame:
             raise BadCommand(f"blame without {exc}") from None
         if not isinstance(frame_size, int) or not isinstance(suspects, list):
             raise BadCommand("blame's frame_size or suspects of the wrong type")
-        pairs = tuple((t, i) for t, i in (s for s in suspects if isinstance(s, (list, tuple))
-                                          and len(s) == 2)
-                      if isinstance(t, int) and not isinstance(t, bool) and isinstance(i, str))
-        return cls(child, how, kind, frame_size, pairs)
+        return cls(kind, tuple(s for s in map(_suspect, suspects) if s is not None),
+                   frame_size, child, how)
+
+
+def _suspect(raw: object) -> Suspect | None:
+    """A suspect off the wire, read by name; None if it does not check."""
+    if not isinstance(raw, dict):
+        return None
+    producer, token, msg_id = raw.get("producer"), raw.get("token"), raw.get("id")
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in (producer, token)):
+        return None
+    if not isinstance(msg_id, str):
+        return None
+    return Suspect(producer, token, msg_id)  # type: ignore[arg-type]
 
 
 # -- commands ---------------------------------------------------------------------------------
@@ -137,7 +173,7 @@ class Requeue(Command):
     NAME: ClassVar[str] = "requeue"
     reason: str = ""
     #: the crash that lost these messages names one of this producer's (None: no blame)
-    blame: CrashBlame | None = None
+    blame: Blame | None = None
     #: keep suspects back until :class:`ReleaseSuspects` (the processors are restarting)
     quarantine: bool = False
 
@@ -150,7 +186,7 @@ class Requeue(Command):
         raw = dict(args)
         blame = raw.pop("blame", None)
         checked = _checked(cls, raw, skip=("blame",))
-        return cls(blame=CrashBlame.from_wire(blame) if blame is not None else None, **checked)
+        return cls(blame=Blame.from_wire(blame) if blame is not None else None, **checked)
 
 
 @dataclass(frozen=True)

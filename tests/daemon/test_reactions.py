@@ -10,8 +10,7 @@ import pytest
 from offbroadway.daemon import topology as topo_mod
 from offbroadway.daemon.config import validate
 from offbroadway.daemon.reactions import Reactions
-from offbroadway.stages.poison.blame import Blame, Suspect
-from offbroadway.stages.wire.commands import Resubscribe
+from offbroadway.stages.wire.commands import Blame, Resubscribe, Suspect
 from offbroadway.supervision.strategy import affected
 
 P, C, B = 2, 3, 2   # producers, processors, batchers (each with 2 batch processors)
@@ -164,7 +163,9 @@ def test_blame_and_hold_ride_on_the_single_requeue_and_release_follows_the_resta
     assert set(requeues) == {"producer_0", "producer_1"}
     assert all(a.quarantine for a in requeues.values())
     assert requeues["producer_0"].blame is None
-    assert requeues["producer_1"].blame.suspects == ((1234, "m-7"),)
+    assert requeues["producer_1"].blame == Blame(
+        "handle_message", (Suspect(1, 1234, "m-7"),), 1, "processor_default_2",
+        requeues["producer_1"].blame.how)
     # the producers know the limit from their spec (no longer with each requeue)
     assert r.topology.specs["producer_1"].max_crashes == 3
     assert [c.stage for c in cmds if c.command.NAME == "release_suspects"] == \

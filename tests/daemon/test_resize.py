@@ -232,7 +232,7 @@ def test_suspects_do_not_wait_for_a_leaving_processor_that_crashed():
     """A processor killed by a poison message while it leaves does not come back (the
     restart builds the new shape): the producers release their suspects when the others
     are up, not never."""
-    from offbroadway.stages.poison.blame import Blame, Suspect
+    from offbroadway.stages.wire.commands import Blame, Suspect
 
     old = topo_mod.build(_config(2, {"spark": 1}))
     r = Reactions(old, max_crashes=3)

@@ -17,14 +17,21 @@ from hypothesis import strategies as st
 from offbroadway import Message
 from offbroadway.stages.poison import blame
 from offbroadway.stages.poison.guard import StrikeTable
+from offbroadway.stages.wire.commands import Blame, Suspect
+
+
+def crash(child: str, how: str, *suspects: tuple[int, str], kind: str = "handle_message",
+          frame_size: int = 1) -> Blame:
+    """The blame the daemon sends a producer (index 0) after ``child`` ended ``how``."""
+    return Blame(kind, tuple(Suspect(0, t, i) for t, i in suspects), frame_size, child, how)
 
 
 def test_a_message_is_poison_at_the_limit_and_not_before() -> None:
     t = StrikeTable(limit=3)
-    assert t.strike("m1", "processor_default_0", "exited with code 3") == 1
-    assert t.strike("m1", "processor_default_1", "killed by SIGSEGV") == 2
+    assert t.strike("m1", crash("processor_default_0", "exited with code 3")) == 1
+    assert t.strike("m1", crash("processor_default_1", "killed by SIGSEGV")) == 2
     assert t.verdict("m1") is None
-    assert t.strike("m1", "processor_default_1", "killed by SIGSEGV") == 3
+    assert t.strike("m1", crash("processor_default_1", "killed by SIGSEGV")) == 3
     assert t.verdict("m1") == ("poison message: killed a processor 3 times "
                                "(last: processor_default_1 killed by SIGSEGV)")
     assert t.verdict("m2") is None
@@ -32,21 +39,21 @@ def test_a_message_is_poison_at_the_limit_and_not_before() -> None:
 
 def test_settled_ids_are_forgotten_and_limit_zero_records_nothing() -> None:
     t = StrikeTable(limit=2)
-    t.strike("m1", "p", "x")
+    t.strike("m1", crash("p", "x"))
     t.forget("m1")
     assert "m1" not in t and len(t) == 0 and not t
     t.forget("never seen")
     off = StrikeTable(limit=0)
-    assert off.strike("m1", "p", "x") == 0
+    assert off.strike("m1", crash("p", "x")) == 0
     assert not off and off.verdict("m1") is None
 
 
 def test_the_table_is_capped_oldest_first() -> None:
     t = StrikeTable(limit=3, cap=3)
     for i in range(3):
-        t.strike(f"m{i}", "p", "x")
-    t.strike("m0", "p", "x")           # m0 is now the most recent
-    t.strike("m3", "p", "x")           # evicts m1, the oldest
+        t.strike(f"m{i}", crash("p", "x"))
+    t.strike("m0", crash("p", "x"))           # m0 is now the most recent
+    t.strike("m3", crash("p", "x"))           # evicts m1, the oldest
     assert set(["m0", "m2", "m3"]) == {m for m in ["m0", "m1", "m2", "m3"] if m in t}
     assert t.evicted == 1 and t.crashes("m0") == 2
 
@@ -62,7 +69,7 @@ def test_counts_match_a_model_within_the_cap(ops: list[tuple[str, bool]], limit:
             t.forget(msg_id)
             model.pop(msg_id, None)
         else:
-            t.strike(msg_id, "p", "x")
+            t.strike(msg_id, crash("p", "x"))
             model[msg_id] = model.pop(msg_id, 0) + 1
             while len(model) > cap:
                 del model[next(iter(model))]
@@ -193,16 +200,14 @@ def test_the_guard_strikes_isolates_quarantines_and_forgets() -> None:
     it and counts the poison once."""
     from offbroadway.stages.poison.guard import PoisonGuard
     from offbroadway.stages.wire import protocol
-    from offbroadway.stages.wire.commands import CrashBlame
 
     guard = PoisonGuard(max_crashes=2)
     ours = {10, 11, 12}.__contains__
-    crash = CrashBlame("processor_default_0", "killed by SIGSEGV", "handle_message", 1,
-                       ((11, "m-b"), (99, "not-ours")))
-    verdict = guard.blame(crash, ours)
+    segv = crash("processor_default_0", "killed by SIGSEGV", (11, "m-b"), (99, "not-ours"))
+    verdict = guard.blame(segv, ours)
     assert verdict is not None and (verdict.what, verdict.msg_id, verdict.crashes) == \
         ("struck", "m-b", 1)
-    assert guard.blame(CrashBlame("p", "x", "handle_message", 1, ((99, "m-z"),)), ours) is None
+    assert guard.blame(crash("p", "x", (99, "m-z")), ours) is None
     guard.requeued(quarantine=True)
 
     events = protocol.new_events(0, 20, [("m-a", {}, {}, "h"), ("m-b", {}, {}, "h"),
@@ -219,8 +224,8 @@ def test_the_guard_strikes_isolates_quarantines_and_forgets() -> None:
     assert [protocol.event_id(e) for e in alone] == ["m-b"] and kept == []
 
     # the second crash on it: poison, emitted failed on its next delivery
-    verdict = guard.blame(CrashBlame("processor_default_1", "exited with code 3",
-                                     "handle_message", 1, ((12, "m-b"),)), ours)
+    verdict = guard.blame(crash("processor_default_1", "exited with code 3", (12, "m-b")),
+                          ours)
     assert verdict is not None and verdict.what == "poison" and verdict.crashes == 2
     guard.requeued(quarantine=False)
     again = protocol.new_events(0, 30, [("m-b", {}, {}, "h")])
@@ -232,12 +237,12 @@ def test_the_guard_strikes_isolates_quarantines_and_forgets() -> None:
     assert not guard.active and guard.watch == {} and len(guard) == 0
 
     # a prepare_messages frame: every message of ours isolated, none struck
-    verdict = guard.blame(CrashBlame("processor_default_0", "killed", "prepare_messages", 3,
-                                     ((10, "m-x"), (11, "m-y"))), ours)
+    verdict = guard.blame(crash("processor_default_0", "killed", (10, "m-x"), (11, "m-y"),
+                                kind="prepare_messages", frame_size=3), ours)
     assert verdict is not None and verdict.what == "isolated"
     assert guard.isolate == {"m-x", "m-y"} and not guard.strikes
     # off (max_crashes 0): nothing recorded
-    assert PoisonGuard(max_crashes=0).blame(crash, ours) is None
+    assert PoisonGuard(max_crashes=0).blame(segv, ours) is None
 
 
 def test_the_producer_calls_the_guard_at_five_fixed_points(caplog) -> None:
@@ -247,7 +252,6 @@ def test_the_producer_calls_the_guard_at_five_fixed_points(caplog) -> None:
     import logging
 
     from offbroadway.stages.poison.guard import POISON_REASON, PoisonGuard
-    from offbroadway.stages.wire.commands import CrashBlame
 
     def ours(token: object) -> bool:
         return True
@@ -260,9 +264,9 @@ def test_the_producer_calls_the_guard_at_five_fixed_points(caplog) -> None:
     guard.on_settled([10, 11], [], lambda t: True)
     assert (guard.struck, guard.failed, failed) == (0, 0, {})
 
-    crash = CrashBlame("processor_default_0", "was killed", "handle_message", 1, ((11, "m-b"),))
+    killed = crash("processor_default_0", "was killed", (11, "m-b"))
     with caplog.at_level(logging.WARNING, logger="offbroadway.producer"):
-        guard.on_requeue(crash, True, ours)
+        guard.on_requeue(killed, True, ours)
     assert guard.struck == 1 and "message m-b was running" in caplog.text
     again = [[0, 20, "m-a", 1, {}], [0, 21, "m-b", 2, {}]]
     guard.on_fetched(again, failed)
@@ -270,10 +274,24 @@ def test_the_producer_calls_the_guard_at_five_fixed_points(caplog) -> None:
     guard.on_release()
     assert guard.on_dispatch(again, failed) == ([again[0]], [again[1]], [])   # alone
 
-    guard.on_requeue(CrashBlame("processor_default_0", "was killed", "handle_message", 1,
-                                ((21, "m-b"),)), False, ours)
+    guard.on_requeue(crash("processor_default_0", "was killed", (21, "m-b")), False, ours)
     third = [[0, 30, "m-b", 2, {}]]
     guard.on_fetched(third, failed)
     assert failed[30].startswith(POISON_REASON) and guard.struck == 2
     guard.on_settled([], [[30, failed[30]]], lambda t: True)
     assert guard.failed == 1 and len(guard) == 0
+
+
+def test_the_blame_crosses_the_wire_by_name() -> None:
+    """The one blame record goes to a producer inside its requeue and comes back equal,
+    every field read by name; a suspect that does not check is left out, not a crash."""
+    from offbroadway.stages.wire import commands
+
+    sent = commands.Requeue("processor_default_0 died", crash(
+        "processor_default_0", "killed by SIGKILL", (7, "m7"), (8, "m8"),
+        kind="prepare_messages", frame_size=4), True)
+    args = sent.args()
+    assert args["blame"]["suspects"][0] == {"producer": 0, "token": 7, "id": "m7"}
+    assert commands.parse_command("requeue", args) == sent
+    args["blame"]["suspects"].append({"producer": 0, "token": "8", "id": "m9"})
+    assert commands.parse_command("requeue", args) == sent
