@@ -436,6 +436,7 @@ def test_sigkill_of_the_daemons_own_spark_server_loses_nothing(short_tmp: Path) 
     kill_the_jvm_in_a_commit(config, short_tmp, n, draining=False)
 
 
+@pytest.mark.slow
 def test_sigkill_of_the_spark_server_during_the_drain_runs_again_and_loses_nothing(
         short_tmp: Path) -> None:
     """Regression: the source exhausted, ``--until-idle`` drains, and the Spark JVM is
