@@ -291,22 +291,33 @@ class SparkSink:
         dataset = self.dataset_path(batcher)
 
         def query() -> pa.Schema | None:
-            spark = self._session()
-            try:
-                found = self._call(lambda: self._read(spark, dataset).schema)
-            except AnalysisException as exc:
-                if _missing(exc) or "UNABLE_TO_INFER_SCHEMA" in str(exc):
-                    return None
-                raise _Permanent(f"spark: reading the dataset's schema: {_one_line(exc)}") \
-                    from exc
-            except Exception as exc:
-                if transient(exc):
-                    self._drop_session()
-                raise
+            found = self._read_query(
+                "reading the dataset's schema",
+                lambda spark: self._call(lambda: self._read(spark, dataset).schema),
+                absent=lambda exc: _missing(exc) or "UNABLE_TO_INFER_SCHEMA" in str(exc))
+            if found is None:
+                return None
             data = StructType([f for f in found.fields if f.name not in RESERVED])
             return to_arrow_schema(data, timezone="UTC") if data.fields else None
 
         return self._retrying(query, f"reading the schema of {dataset}")
+
+    def _read_query(self, what: str, run: Callable[[Any], Any],
+                    absent: Callable[[AnalysisException], bool]) -> Any:
+        """One read of the dataset through the session: None when ``absent`` says the
+        dataset is not there yet; any other analysis error is permanent (one line, no
+        retry); a transient error drops the session so the retry opens a new one."""
+        spark = self._session()
+        try:
+            return run(spark)
+        except AnalysisException as exc:
+            if absent(exc):
+                return None
+            raise _Permanent(f"spark: {what}: {_one_line(exc)}") from exc
+        except Exception as exc:
+            if transient(exc):
+                self._drop_session()
+            raise
 
     def next_stamp(self) -> datetime:
         """A commit's identity: its ``ingested_at``, unique and increasing per sink."""
@@ -320,19 +331,13 @@ class SparkSink:
         dataset = self.dataset_path(batcher)
 
         def query() -> pa.Array:
-            spark = self._session()
-            try:
-                df = self._rows_stamped(spark, dataset, stamps)
-                table = self._call(lambda: df.select("message_id").toArrow())
-            except AnalysisException as exc:
-                if _missing(exc):
-                    return pa.array([], pa.string())
-                raise _Permanent(f"spark: reading the last commits: {_one_line(exc)}") \
-                    from exc
-            except Exception as exc:
-                if transient(exc):
-                    self._drop_session()
-                raise
+            table = self._read_query(
+                "reading the last commits",
+                lambda spark: self._call(lambda: self._rows_stamped(spark, dataset, stamps)
+                                         .select("message_id").toArrow()),
+                absent=_missing)
+            if table is None:
+                return pa.array([], pa.string())
             return table.column("message_id").combine_chunks()
 
         return self._retrying(query, f"reading the last commits of {dataset}")
