@@ -263,7 +263,7 @@ class Consumer:
                 raise amqp_errors.ChannelClosed(0, "the consuming channel closed")
             now = time.monotonic()
             timeout = 0.005 if mailbox.woken else 0.2
-            if self.settle.unsent:
+            if self.settle.owed:
                 timeout = max(0.0, min(timeout, self.settle.send_acks(now)))
             mailbox.tend(now)
             if self.probe.due(now, paused=self.paused, buffered=len(mailbox)):

@@ -13,7 +13,21 @@ when the front has not moved for :data:`ACK_DELAY`, what waits behind it is acke
 tag, so a long job at the front never holds the others' acks (nor their prefetch slots)
 for long.  Each ack is a frame and, through pika's ``BlockingChannel``, a flush with a
 poll of the socket: one per message was most of this source's cost at a few thousand
-messages a second.  Rejects (failures, requeues) go out at once.
+messages a second.  Failures are rejected at once, one ``basic.reject`` each.
+
+Requeues (the deliveries of a crashed stage, the ones the producer never fetched) go back
+the same way as acks: marked, then handed back with one ``basic.nack`` (``multiple``,
+``requeue``) for each run of them at the front of the delivery order.  They are not sent
+one by one because the broker cannot take that at scale: a classic queue puts a single
+requeued delivery back in a time that grows with what the channel holds, so a batch
+processor's death that returned a 65,000-delivery window one ``basic.reject`` at a time
+kept this machine's RabbitMQ busy for minutes (about 250 a second) while it delivered
+nothing; the same 65,000 in one bulk operation are back in a tenth of a second
+(docs/reliability.md).  A requeue behind a tag still open waits for the front to reach
+it, like an ack; only a few (:data:`SINGLE_REQUEUES`) go one by one once the front has
+stood still for :data:`REQUEUE_DELAY`, so a long job at the front never holds a poison
+message's retry.  Waiting loses nothing: at a close or a connection loss the broker
+requeues every delivery the channel still holds.
 
 Used by the I/O thread only; the channel is anything with pika's ``basic_ack`` and
 ``basic_reject``.
@@ -35,7 +49,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Iterable
 
 from ...poison.guard import POISON_REASON
 from ..base import Failure
@@ -46,6 +60,11 @@ log = logging.getLogger("offbroadway.sources.rabbitmq")
 
 #: the longest an ack behind a still-open tag waits for a multiple ack to cover it
 ACK_DELAY = 0.05
+#: how long requeues behind a still-open tag wait before the few below go one by one
+REQUEUE_DELAY = 0.5
+#: at most this many requeues behind an open tag go as single ``basic.reject`` frames;
+#: more wait for the front (a bulk ``basic.nack``), or the close that requeues them all
+SINGLE_REQUEUES = 64
 
 
 class Settlement:
@@ -59,11 +78,14 @@ class Settlement:
         self._order: deque[int] = deque()    # delivery order, settled ones lazily removed
         self.unsent: set[int] = set()        # settled ok, the broker not told yet
         self._unsent_since = 0.0             # when the oldest of those was settled
+        self.requeue_owed: set[int] = set()  # to requeue, the broker not told yet
+        self._requeue_since = 0.0            # when the front last moved with some owed
         self.acked = self.failed = self.rejected = self.failure_requeued = 0
         #: failed messages a requeuing policy rejected: they would only fail again
         self.rejected_final = 0
         self.requeued = self.stale = 0
         self.ack_frames = 0                  # basic.ack frames sent (multiple or single)
+        self.requeue_frames = 0              # basic.nack/reject frames that requeued
 
     def attach(self, channel: Any, incarnation: int) -> None:
         """A new connection: nothing of the old one can be settled any more."""
@@ -77,6 +99,12 @@ class Settlement:
         self.open_tags.clear()
         self._order.clear()
         self.unsent.clear()
+        self.requeue_owed.clear()
+
+    @property
+    def owed(self) -> bool:
+        """Has the broker settlements to be told (see :meth:`send_acks`)?"""
+        return bool(self.unsent or self.requeue_owed)
 
     def delivered(self, tag: int) -> None:
         self.open_tags.add(tag)
@@ -124,14 +152,26 @@ class Settlement:
                         "broker if it has none", len(final), self.on_failure, final[0])
 
     def requeue(self, handles: list[RabbitMQHandle]) -> None:
-        for handle in handles:
-            if self._current(handle) and self.settle_one(handle.tag, requeue=True):
-                self.requeued += 1
+        """Hand deliveries back to the queue (a crashed stage's); sent in bulk by
+        :meth:`send_acks`."""
+        self.requeued += self._owe_requeue(h for h in handles if self._current(h))
 
     def give_back(self, handles: list[RabbitMQHandle]) -> int:
-        """Requeue deliveries the producer never fetched; how many went back."""
-        return sum(1 for h in handles if h.incarnation == self.incarnation
-                   and self.settle_one(h.tag, requeue=True))
+        """Requeue deliveries the producer never fetched; how many go back."""
+        return self._owe_requeue(h for h in handles if h.incarnation == self.incarnation)
+
+    def _owe_requeue(self, handles: Iterable[RabbitMQHandle]) -> int:
+        open_tags, owed = self.open_tags, self.requeue_owed
+        before = len(owed)
+        for h in handles:
+            if h.tag in open_tags:
+                open_tags.discard(h.tag)
+                owed.add(h.tag)
+            else:
+                self.stale += 1
+        if before == 0 and owed:
+            self._requeue_since = time.monotonic()
+        return len(owed) - before
 
     def settle_one(self, tag: int, *, requeue: bool) -> bool:
         """basic.reject one tag, once.  False if it was settled already."""
@@ -159,40 +199,73 @@ class Settlement:
 
     # -- telling the broker ----------------------------------------------------------------------
     def send_acks(self, now: float = 0.0, *, force: bool = False) -> float:
-        """Tell the broker what was settled: one ``multiple`` ack for the settled front.
+        """Tell the broker what was settled: one ``multiple`` frame per run at the front.
 
-        Every tag at the front of the delivery order that is no longer open was settled
-        (acked, rejected or requeued); a multiple ack up to the last unsent ack among them
-        acks exactly those (rejects went out at once, on the same channel, before it).
-        Acks behind a still-open tag wait while the front moves; once it has stood still
-        for :data:`ACK_DELAY` since they came (or on ``force``) they go one by one.
-        Returns the seconds until the next call is due.
+        Every tag at the front of the delivery order that is no longer open was settled:
+        acked, requeued, or rejected (rejects went out at once).  The front is walked in
+        order and each run of acks becomes one ``basic.ack`` and each run of requeues one
+        ``basic.nack`` with ``requeue``, both ``multiple`` up to the run's last tag: since
+        everything before the run was told already, that frame settles exactly the run.
+        What waits behind a still-open tag: acks go one by one once the front has stood
+        still for :data:`ACK_DELAY` since they came (or on ``force``); requeues once it has
+        stood still for :data:`REQUEUE_DELAY`, and only if they are few
+        (:data:`SINGLE_REQUEUES`).  Returns the seconds until the next call is due.
         """
-        unsent = self.unsent
-        if not unsent or self.channel is None:
+        unsent, owed = self.unsent, self.requeue_owed
+        if not (unsent or owed) or self.channel is None:
             return ACK_DELAY
-        open_tags, order = self.open_tags, self._order
-        upto = 0
-        covered = []
+        now = now or time.monotonic()
+        open_tags, order, channel = self.open_tags, self._order, self.channel
+        run: list[int] = []                   # the run being collected at the front
+        run_acks = moved = False
         while order and order[0] not in open_tags:
             t = order.popleft()
             if t in unsent:
-                upto = t
-                covered.append(t)
-        channel = self.channel
-        if upto:
-            channel.basic_ack(upto, multiple=True)
-            self.ack_frames += 1
-            unsent.difference_update(covered)   # after the count: stats() reads both
-        if not unsent:
-            return ACK_DELAY
-        if upto:
-            self._unsent_since = now or time.monotonic()  # the front moved: wait again
-        due = self._unsent_since + ACK_DELAY - (now or time.monotonic())
-        if force or due <= 0:
-            for t in sorted(unsent):
-                channel.basic_ack(t)
-            self.ack_frames += len(unsent)
-            unsent.clear()
-            return ACK_DELAY
+                is_ack = True
+            elif t in owed:
+                is_ack = False
+            else:
+                continue                      # rejected at once: the broker knows
+            if run and is_ack != run_acks:
+                self._send_run(channel, run, run_acks)
+                run = []
+            run.append(t)
+            run_acks, moved = is_ack, True
+        if run:
+            self._send_run(channel, run, run_acks)
+        due = ACK_DELAY
+        if unsent:
+            if moved:
+                self._unsent_since = now      # the front moved: wait again
+            left = self._unsent_since + ACK_DELAY - now
+            if force or left <= 0:
+                for t in sorted(unsent):
+                    channel.basic_ack(t)
+                self.ack_frames += len(unsent)
+                unsent.clear()
+            else:
+                due = left
+        if owed:
+            if moved:
+                self._requeue_since = now
+            left = self._requeue_since + REQUEUE_DELAY - now
+            if left <= 0 and len(owed) <= SINGLE_REQUEUES:
+                for t in sorted(owed):
+                    channel.basic_reject(t, requeue=True)
+                self.requeue_frames += len(owed)
+                owed.clear()
+            else:
+                due = min(due, max(left, ACK_DELAY))
         return due
+
+    def _send_run(self, channel: Any, run: list[int], acks: bool) -> None:
+        """One ``multiple`` frame up to the run's last tag: it settles the run, since
+        every tag before it was told already."""
+        if acks:
+            channel.basic_ack(run[-1], multiple=True)
+            self.ack_frames += 1
+            self.unsent.difference_update(run)   # after the frame: stats() reads both
+        else:
+            channel.basic_nack(run[-1], multiple=True, requeue=True)
+            self.requeue_frames += 1
+            self.requeue_owed.difference_update(run)

@@ -248,6 +248,8 @@ class RabbitMQSource(Source):
             "buffered": len(self._mailbox) if self._mailbox is not None else 0,
             "unacked": len(settle.open_tags), "acks_pending": len(settle.unsent),
             "ack_frames": settle.ack_frames,
+            "requeues_pending": len(settle.requeue_owed),
+            "requeue_frames": settle.requeue_frames,
             "deliveries": io.deliveries,
             "redelivered": io.redelivered, "stale": settle.stale,
             "dropped_on_loss": io.dropped_on_loss, "returned": io.returned,

@@ -1,0 +1,83 @@
+"""The RabbitMQ source's settlement core on a recording channel, with the clock given:
+which frames a mix of acks, requeues and rejects becomes.  The real broker's side (the
+deliveries really come back) is in tests/brokers/test_rabbitmq_source.py."""
+
+from __future__ import annotations
+
+from offbroadway.stages.sources.rabbitmq.delivery import RabbitMQHandle
+from offbroadway.stages.sources.rabbitmq.settle import (
+    REQUEUE_DELAY,
+    SINGLE_REQUEUES,
+    Settlement,
+)
+
+
+class Channel:
+    """pika's settling calls, recorded as (frame, tag, multiple)."""
+
+    def __init__(self) -> None:
+        self.frames: list[tuple[str, int, bool]] = []
+
+    def basic_ack(self, tag: int, multiple: bool = False) -> None:
+        self.frames.append(("ack", tag, multiple))
+
+    def basic_nack(self, tag: int, multiple: bool = False, requeue: bool = True) -> None:
+        assert requeue
+        self.frames.append(("nack", tag, multiple))
+
+    def basic_reject(self, tag: int, requeue: bool = True) -> None:
+        self.frames.append(("requeue" if requeue else "reject", tag, False))
+
+
+def delivered(n: int) -> tuple[Settlement, Channel, list[RabbitMQHandle]]:
+    settle, channel = Settlement("reject_and_requeue"), Channel()
+    settle.attach(channel, 1)
+    for tag in range(1, n + 1):
+        settle.delivered(tag)
+    return settle, channel, [RabbitMQHandle(1, tag, False) for tag in range(1, n + 1)]
+
+
+def test_runs_at_the_front_become_one_frame_each() -> None:
+    settle, channel, h = delivered(10)
+    settle.requeue([h[3], h[2], h[4]])       # tags 3-5, in a stage's order
+    settle.ack(h[:2] + h[5:8])               # tags 1-2 and 6-8
+    settle.fail([(h[8], "bad")])             # tag 9: requeued at once, on its own
+    assert channel.frames == [("requeue", 9, False)]
+    settle.send_acks(now=1.0)
+    assert channel.frames[1:] == [("ack", 2, True), ("nack", 5, True), ("ack", 8, True)]
+    assert (settle.requeue_owed, settle.unsent, settle.open_tags) == (set(), set(), {10})
+    assert (settle.requeued, settle.requeue_frames, settle.ack_frames) == (3, 1, 2)
+
+
+def test_many_requeues_behind_an_open_tag_wait_for_the_front() -> None:
+    settle, channel, h = delivered(1_000)
+    settle.requeue(h[1:500])
+    later = settle._requeue_since + REQUEUE_DELAY * 100
+    settle.send_acks(now=later)
+    assert channel.frames == [] and len(settle.requeue_owed) == 499
+    settle.ack([h[0]])
+    settle.send_acks(now=later + 1)
+    assert channel.frames == [("ack", 1, True), ("nack", 500, True)]
+    assert not settle.owed
+
+
+def test_a_few_requeues_behind_an_open_tag_go_singly_after_the_delay() -> None:
+    settle, channel, h = delivered(100)
+    settle.requeue(h[1:1 + SINGLE_REQUEUES])
+    since = settle._requeue_since
+    assert settle.send_acks(now=since + REQUEUE_DELAY / 2) > 0
+    assert channel.frames == []
+    settle.send_acks(now=since + REQUEUE_DELAY)
+    assert channel.frames == [("requeue", t, False) for t in range(2, 2 + SINGLE_REQUEUES)]
+    assert not settle.owed and settle.open_tags == {1} | set(range(2 + SINGLE_REQUEUES, 101))
+
+
+def test_a_lost_connection_forgets_what_was_owed() -> None:
+    """The broker requeues all a dead channel held: nothing owed is sent on the next."""
+    settle, channel, h = delivered(10)
+    settle.requeue(h[:5])
+    settle.attach(Channel(), 2)
+    settle.send_acks(now=10.0, force=True)
+    assert channel.frames == [] and not settle.owed
+    settle.requeue(h[5:])                    # handles of the dead incarnation: stale
+    assert (settle.requeued, settle.stale) == (5, 5)
