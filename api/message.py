@@ -6,9 +6,14 @@ The chainable methods
 mutate and return ``self``: a message belongs to exactly one stage at a time, so copying
 it on every call (as Elixir must) would only cost allocations on the hot path.
 
-``origin`` and ``token`` are the acknowledgement address: the index of the producer that
-emitted the message and that producer's in-flight key.  They are set by the runtime and
-travel with the message so the stage that finishes it can ack straight to its origin.
+The delivery envelope (where the message's acknowledgement goes: the index of the
+producer that emitted it and that producer's in-flight key) is the runtime's, not the
+user's, as Dramatiq keeps a broker's delivery tag on its ``MessageProxy`` rather than on
+its ``Message``.  It is no argument of the constructor and no public attribute: the wire
+codec (:mod:`offbroadway.stages.wire.protocol`) sets it on the messages it builds and reads
+it back, in two private slots, so that carrying it costs the hot path nothing (a proxy
+object per message would cost an allocation and an indirection on every attribute).  A
+message a handler builds itself has the empty envelope (producer 0, token 0).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ DISCARD = "\x00discard"
 
 
 class Message:
-    __slots__ = ("batch_key", "batcher", "data", "id", "metadata", "origin", "status", "token")
+    __slots__ = ("_origin", "_token", "batch_key", "batcher", "data", "id", "metadata", "status")
 
     def __init__(
         self,
@@ -33,8 +38,6 @@ class Message:
         *,
         batcher: str = "default",
         batch_key: Any = "default",
-        origin: int = 0,
-        token: int = 0,
     ) -> None:
         self.id = id
         self.data = data
@@ -43,8 +46,9 @@ class Message:
         self.batch_key = batch_key
         #: ``None`` while the message is healthy, else the failure reason (a string).
         self.status: str | None = None
-        self.origin = origin
-        self.token = token
+        # the delivery envelope: the runtime's (module doc), empty until the codec sets it
+        self._origin = 0
+        self._token = 0
 
     # -- chainable API (Broadway.Message) ------------------------------------------------
     def put_batcher(self, batcher: str) -> Message:
@@ -112,20 +116,3 @@ class BatchInfo:
         return (f"BatchInfo(batcher={self.batcher!r}, batch_key={self.batch_key!r}, "
                 f"size={self.size}, trigger={self.trigger!r})")
 
-
-def _wire_message(origin: int, token: int, id: Any, data: Any, metadata: Any, batcher: str,
-                  batch_key: Any, status: str | None, _new: Any = object.__new__,
-                  _cls: type = Message) -> Message:
-    """A message off the wire (the runtime's constructor, not the user's): slots set
-    directly, positionally, which costs about half of ``Message(...)`` with its keywords;
-    it is called once per message in every stage that runs user code."""
-    m = _new(_cls)
-    m.id = id
-    m.data = data
-    m.metadata = metadata
-    m.batcher = batcher
-    m.batch_key = batch_key
-    m.status = status
-    m.origin = origin
-    m.token = token
-    return m

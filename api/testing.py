@@ -33,7 +33,7 @@ class Result:
 
 
 def _messages(data: Iterable[Any], metadata: dict | None) -> list[Message]:
-    return [Message(f"test-{i}", d, dict(metadata or {}), token=i) for i, d in enumerate(data)]
+    return [Message(f"test-{i}", d, dict(metadata or {})) for i, d in enumerate(data)]
 
 
 def test_messages(pipeline: Pipeline, data: Iterable[Any], *, context: Any = None,

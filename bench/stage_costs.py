@@ -80,7 +80,8 @@ def steps(n: int, record: blame.BlameRecorder) -> list[tuple[str, Callable[[], o
             rows = callbacks.handle_batch(h, "sink", messages,
                                           BatchInfo("sink", "default", len(messages), "size"),
                                           None)
-            protocol.ack([m.token for m in rows], [])
+            for tokens, fails in protocol.ack_groups(rows, ()).values():
+                protocol.ack(tokens, fails)
         return None
 
     # the lean pipeline's steps, as it writes them
@@ -90,13 +91,13 @@ def steps(n: int, record: blame.BlameRecorder) -> list[tuple[str, Callable[[], o
     def lean_process() -> object:
         outs = []
         for f in lean_frames:
-            msgs = [Message(e[1], {"seq": e[2], "payload": e[3]}, None, token=e[0])
-                    for e in msgpack.unpackb(f)]
+            evs = msgpack.unpackb(f)
+            msgs = [Message(e[1], {"seq": e[2], "payload": e[3]}, None) for e in evs]
             done = []
-            for m in msgs:
+            for e, m in zip(evs, msgs):
                 r = h.handle_message("default", m, None)
                 if r.status is None:
-                    done.append((r.token, r.id, r.data["seq"], r.data["payload"], r.batcher))
+                    done.append((e[0], r.id, r.data["seq"], r.data["payload"], r.batcher))
             outs.append(msgpack.packb(done))
         return outs
 
@@ -105,10 +106,11 @@ def steps(n: int, record: blame.BlameRecorder) -> list[tuple[str, Callable[[], o
     def lean_finish() -> object:
         for f in lean_out:
             evs = msgpack.unpackb(f)
-            msgs = [Message(e[1], {"seq": e[2], "payload": e[3]}, None, batcher=e[4],
-                            token=e[0]) for e in evs]
-            rows = h.handle_batch("b", msgs, BatchInfo("b", "default", len(msgs), "size"), None)
-            msgpack.packb([m.token for m in rows if m.status is None])
+            msgs = [Message(e[1], {"seq": e[2], "payload": e[3]}, None, batcher=e[4])
+                    for e in evs]
+            h.handle_batch("b", msgs, BatchInfo("b", "default", len(msgs), "size"), None)
+            # the token beside the message (the handler returns its messages, in order)
+            msgpack.packb([e[0] for e, m in zip(evs, msgs) if m.status is None])
         return None
 
     def lean_produce() -> object:

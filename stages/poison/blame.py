@@ -49,6 +49,7 @@ import msgpack
 
 from ..wire import protocol
 from ..wire.commands import Blame, Suspect
+from ..wire.protocol import envelope_of
 
 MAGIC = b"OBB1"
 SIZE = 4096
@@ -71,11 +72,11 @@ KINDS = {MESSAGE: "handle_message", FRAME: "prepare_messages",
 
 
 class Blamed(Protocol):
-    """What a record needs of a message (:class:`offbroadway.Message` has it)."""
+    """What a record needs of a message: its id, and the delivery envelope the codec gave
+    it (read with :data:`~..wire.protocol.envelope_of`; :class:`offbroadway.Message` has
+    both)."""
 
     id: str
-    origin: int
-    token: int
 
 
 def path(runtime_dir: str, stage_id: str) -> str:
@@ -172,8 +173,8 @@ class BlameRecorder:
             n = len(raw)
             if n > MAX_ID:
                 return
-            (_ENTRIES.get(n) or _entry(n)).pack_into(mm, HEADER.size, m.origin, m.token, n,
-                                                     raw)
+            origin, token = envelope_of(m)
+            (_ENTRIES.get(n) or _entry(n)).pack_into(mm, HEADER.size, origin, token, n, raw)
         except (struct.error, UnicodeError, TypeError, AttributeError):
             return self._message_slow(m)
         mm[STATE_AT] = MESSAGE
@@ -183,8 +184,8 @@ class BlameRecorder:
         try:
             raw = _encode_id(m.id)
             if len(raw) <= MAX_ID:
-                _entry(len(raw)).pack_into(self._mm, HEADER.size, m.origin, m.token, len(raw),
-                                           raw)
+                origin, token = envelope_of(m)
+                _entry(len(raw)).pack_into(self._mm, HEADER.size, origin, token, len(raw), raw)
                 self._mm[STATE_AT] = MESSAGE
         except (struct.error, UnicodeError, TypeError):
             pass
@@ -201,7 +202,7 @@ class BlameRecorder:
                 end = at + ENTRY.size + len(raw)
                 if end > SIZE:
                     break
-                ENTRY.pack_into(mm, at, m.origin, m.token, len(raw))
+                ENTRY.pack_into(mm, at, *envelope_of(m), len(raw))
             except (struct.error, UnicodeError, TypeError):
                 continue
             mm[at + ENTRY.size:end] = raw

@@ -2,8 +2,10 @@
 
 Whichever stage finishes a message (a processor when there are no batchers, else a batch
 processor) acks it straight to its origin producer: one ACK frame per producer per call,
-carrying the ok tokens and the failed ``[token, reason]`` pairs.  Failed messages are shown
-to the handler's ``handle_failed`` first, as Broadway does.
+carrying the ok tokens and the failed ``[token, reason]`` pairs.  The address is the
+message's delivery envelope, the runtime's: read by the codec
+(:func:`~..wire.protocol.ack_groups`), never a public attribute of the message.  Failed
+messages are shown to the handler's ``handle_failed`` first, as Broadway does.
 """
 
 from __future__ import annotations
@@ -38,18 +40,7 @@ class Acker:
             failed = self._handle_failed(failed)
             if self.failures is not None:
                 self.failures.add(m.status for m in failed)
-        per_origin: dict[int, tuple[list, list]] = {}
-        if ok:
-            first = ok[0].origin
-            origins = [m.origin for m in ok]
-            if origins.count(first) == len(origins):    # one producer: the usual case
-                per_origin[first] = ([m.token for m in ok], [])
-            else:
-                for m in ok:
-                    per_origin.setdefault(m.origin, ([], []))[0].append(m.token)
-        for m in failed:
-            per_origin.setdefault(m.origin, ([], []))[1].append([m.token, m.status or "failed"])
-        for origin, (tokens, fails) in per_origin.items():
+        for origin, (tokens, fails) in protocol.ack_groups(ok, failed).items():
             if type(origin) is int and 0 <= origin < len(self.socks):
                 self.socks[origin].send(protocol.ack(tokens, fails), zmq.NOBLOCK)
                 self.counters["frames"] += 1

@@ -1,7 +1,9 @@
 """Handlers for the end-to-end tests: they record what reached each callback in files
 (fsync'd before returning, so a record exists iff the callback completed).  A batch record
-carries the message's ``origin`` and ``token`` too: which producer incarnation delivered it
-(a producer's tokens start at its start time in nanoseconds)."""
+carries the message's delivery envelope too, its ``origin`` and ``token``: which producer
+incarnation delivered it (a producer's tokens start at its start time in nanoseconds).
+The envelope is the runtime's, not a handler's to read: these handlers, being the tests'
+own, read it through the codec (``protocol.envelope_of``)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import os
 
 from offbroadway import Message, Pipeline
 from offbroadway.stages.runtime.spec import STAGE_ENV
+from offbroadway.stages.wire.protocol import envelope_of
 
 
 def _append(path: str, records: list[dict]) -> None:
@@ -41,7 +44,8 @@ class Recorder(Pipeline):
         _append(os.path.join(context["out"], f"batch-{os.getpid()}.jsonl"), [{
             "id": m.id, "batcher": batcher, "batch_key": batch_info.batch_key,
             "size": batch_info.size, "trigger": batch_info.trigger, "msg_batcher": m.batcher,
-            "msg_key": m.batch_key, "origin": m.origin, "token": m.token} for m in messages])
+            "msg_key": m.batch_key, "origin": envelope_of(m)[0], "token": envelope_of(m)[1]}
+            for m in messages])
         return messages
 
     def handle_failed(self, messages: list[Message], context):

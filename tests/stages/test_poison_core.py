@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from offbroadway import Message
 from offbroadway.stages.poison import blame
 from offbroadway.stages.poison.guard import StrikeTable
+from offbroadway.stages.wire import protocol
 from offbroadway.stages.wire.commands import Blame, Suspect
 
 
@@ -80,7 +81,9 @@ def test_counts_match_a_model_within_the_cap(ops: list[tuple[str, bool]], limit:
 
 
 def _msg(msg_id: str, origin: int = 0, token: int = 1) -> Message:
-    return Message(msg_id, None, origin=origin, token=token)
+    """A message with a delivery envelope, as the codec gives one (the envelope is the
+    runtime's: no argument of ``Message``)."""
+    return protocol.address(Message(msg_id, None), origin, token)
 
 
 def test_a_record_round_trips_and_idle_blames_nobody(tmp_path: Path) -> None:
@@ -126,8 +129,9 @@ def test_the_record_survives_a_segfault(tmp_path: Path) -> None:
     code = ("import ctypes, sys\n"
             "from offbroadway import Message\n"
             "from offbroadway.stages.poison import blame\n"
+            "from offbroadway.stages.wire.protocol import address\n"
             "rec = blame.BlameRecorder(sys.argv[1])\n"
-            "rec.message(Message('the-poison', None, origin=0, token=42))\n"
+            "rec.message(address(Message('the-poison', None), 0, 42))\n"
             "ctypes.string_at(0)\n")
     proc = subprocess.run([sys.executable, "-c", code, path], capture_output=True, timeout=60)
     assert proc.returncode == -11, proc.stderr
@@ -139,8 +143,6 @@ def test_a_packed_frame_record_names_the_running_message_alone(tmp_path: Path) -
     """A frame's packed events copied once, then a position per message: the blame is
     still one message, the one running, and a message that is not the frame's (made by
     prepare_messages) falls back to a record of its own."""
-    from offbroadway.stages.wire import protocol
-
     path = blame.path(str(tmp_path), "p")
     rec = blame.BlameRecorder(path)
     evs = [[1, 1_763_000_000_000_000_000 + i, f"line-{i}", {"seq": i}, {}] for i in range(30)]
@@ -163,8 +165,6 @@ def test_a_packed_frame_record_by_index_names_the_running_message(tmp_path: Path
     """The processor's usual path: the frame's own messages in order, each one's place
     written into the record's index store (no call per message); another list of messages
     (prepare_messages made new ones, or some were dropped as failed) gets no store."""
-    from offbroadway.stages.wire import protocol
-
     path = blame.path(str(tmp_path), "p")
     rec = blame.BlameRecorder(path)
     evs = [[2, 900 + i, f"line-{i}", {"seq": i}, {}] for i in range(10)]
@@ -199,8 +199,6 @@ def test_the_guard_strikes_isolates_quarantines_and_forgets() -> None:
     or is kept back while quarantined; at the limit it is emitted failed; settling forgets
     it and counts the poison once."""
     from offbroadway.stages.poison.guard import PoisonGuard
-    from offbroadway.stages.wire import protocol
-
     guard = PoisonGuard(max_crashes=2)
     ours = {10, 11, 12}.__contains__
     segv = crash("processor_default_0", "killed by SIGSEGV", (11, "m-b"), (99, "not-ours"))
