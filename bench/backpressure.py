@@ -44,6 +44,7 @@ from typing import Any
 
 import psutil
 from offbroadway.daemon.names import role_of
+from offbroadway.supervision.tree import snapshot_nodes
 
 REPO = Path(__file__).resolve().parent.parent
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
@@ -167,18 +168,12 @@ class BrokerSampler(threading.Thread):
 
 # -- the daemon's tree ------------------------------------------------------------------------
 
-def walk(node: dict):
-    yield node
-    for child in node.get("children", []):
-        yield from walk(child)
-
-
 def sample_status(tree: dict) -> dict[str, Any]:
     s: dict[str, Any] = {"inflight": 0, "producer_buffered": 0, "fetched": 0, "unacked": 0,
                          "acked": 0, "failed": 0, "processor_buffered": 0,
                          "batcher_buffered": 0, "batcher_pending": 0, "written": 0,
                          "restarts": 0, "prefetch": None}
-    for n in walk(tree):
+    for n in snapshot_nodes(tree):
         s["restarts"] += n.get("restarts") or 0
         m = n.get("messages") or {}
         if role_of(n["id"]) == "producer":
@@ -243,7 +238,7 @@ def names_of(tree: dict | None, daemon_pid: int, jvm_pid: int | None) -> dict[in
     names = {daemon_pid: "daemon"}
     if jvm_pid:
         names[jvm_pid] = "spark JVM"
-    for n in walk(tree or {}):
+    for n in snapshot_nodes(tree or {}):
         if n.get("pid"):
             names[n["pid"]] = n["id"]
     return names

@@ -18,6 +18,7 @@ from typing import Any
 import psutil
 from offbroadway.daemon.names import role_of
 from offbroadway.daemon.spark_server import free_port  # noqa: F401 (re-exported: one definition)
+from offbroadway.supervision.tree import snapshot_nodes
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -84,23 +85,17 @@ def statuses(daemon: subprocess.Popen, sock: str, interval: float) -> Iterator[d
         time.sleep(interval)
 
 
-# -- the status tree ----------------------------------------------------------------------------
-
-def nodes(tree: dict) -> Iterator[dict]:
-    yield tree
-    for child in tree.get("children", []):
-        yield from nodes(child)
-
+# -- the status tree (walked with the supervision library's snapshot walks) --------------------
 
 def producer_acked(tree: dict) -> int:
     """Messages acked at the source, all producers."""
-    return sum(n.get("messages", {}).get("acked", 0) for n in nodes(tree)
+    return sum(n.get("messages", {}).get("acked", 0) for n in snapshot_nodes(tree)
                if role_of(n["id"]) == "producer")
 
 
 def producer_messages(tree: dict) -> dict:
     """The first producer's counters ({} before it reports)."""
-    return next((n.get("messages", {}) for n in nodes(tree)
+    return next((n.get("messages", {}) for n in snapshot_nodes(tree)
                  if role_of(n["id"]) == "producer" and n.get("messages")), {})
 
 
@@ -118,7 +113,7 @@ def sample_cpu(tree: dict, seen: dict[int, tuple[str, float, float, float]]) -> 
     """Every stage process's CPU seconds so far, by pid, read from ``/proc`` (psutil):
     (role, whole process, threads other than the main one, i.e. ZeroMQ's I/O threads, of
     the whole the kernel's share).  A stage that exited keeps its last sample."""
-    for n in nodes(tree):
+    for n in snapshot_nodes(tree):
         pid = n.get("pid")
         if pid and n.get("kind") == "worker":
             try:

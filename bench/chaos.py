@@ -95,7 +95,6 @@ from chaos_plan import (
     producer_load,
     spec_tree,
     unseen_kills,
-    walk,
 )
 from chaos_report import summary
 from chaos_run import (
@@ -120,7 +119,7 @@ __all__ = [
     "LoadWindow", "RabbitSide", "SpoolSide", "all_running", "charged_supervisor",
     "classify_exits", "compare_restarts", "config_text", "eligible", "expected_restarts",
     "gave_up", "kind_of", "output_check", "producer_load", "restarts_of", "run_chaos",
-    "spec_tree", "summary", "unseen_kills", "walk",
+    "spec_tree", "summary", "unseen_kills",
 ]
 
 

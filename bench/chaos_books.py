@@ -10,12 +10,12 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from chaos_plan import walk
+from offbroadway.supervision.tree import snapshot_nodes
 from offbroadway.supervision.tree import walk as walk_specs
 
 
 def restarts_of(status: dict) -> dict[str, int]:
-    return {n["id"]: int(n["restarts"]) for n, _ in walk(status["tree"])
+    return {n["id"]: int(n["restarts"]) for n in snapshot_nodes(status["tree"])
             if n["id"] != "terminator"}
 
 

@@ -10,12 +10,12 @@ seen every earlier kill: bench/chaos.py's module doc.
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from offbroadway.daemon import names
-from offbroadway.supervision.tree import SpecTree
+from offbroadway.supervision.tree import SpecTree, snapshot_lineage, snapshot_nodes
 from offbroadway.supervision.tree import walk as walk_specs
 
 KINDS = ("producer", "processor", "batcher", "batch_processor", "spark")
@@ -94,16 +94,6 @@ class KillBudget:
         self._times.setdefault(sup.id, deque()).append(now)
 
 
-def walk(node: dict) -> Iterator[tuple[dict, list[dict]]]:
-    """Every node of a status tree with its ancestors (nearest last)."""
-    stack: list[tuple[dict, list[dict]]] = [(node, [])]
-    while stack:
-        n, up = stack.pop()
-        yield n, up
-        for c in n.get("children", []):
-            stack.append((c, [*up, n]))
-
-
 def kind_of(child_id: str) -> str | None:
     """The kind of worker the bench kills: a stage's role (committers are not killed here)
     or ``spark``; None for anything else."""
@@ -123,8 +113,8 @@ def eligible(status: dict, root: Any, kinds: Iterable[str]) -> dict[str, list[di
     """
     out: dict[str, list[dict]] = {}
     wanted = set(kinds)
-    state = {n["id"]: n["state"] for n, _ in walk(status["tree"])}
-    for node, ancestors in walk(status["tree"]):
+    state = {n["id"]: n["state"] for n in snapshot_nodes(status["tree"])}
+    for node, ancestors in snapshot_lineage(status["tree"]):
         kind = kind_of(node["id"])
         if node["kind"] != "worker" or kind not in wanted or not node.get("pid"):
             continue
@@ -139,18 +129,18 @@ def unseen_kills(status: dict, kills: Iterable[Kill]) -> list[Kill]:
     """The kills this status does not reflect yet: the killed worker still shows the pid it
     was killed under (the daemon has not read its exit; module doc).  A worker the daemon
     has seen exit shows no pid or its successor's, so this is exact, not a guess."""
-    pids = {n["id"]: n.get("pid") for n, _ in walk(status["tree"])}
+    pids = {n["id"]: n.get("pid") for n in snapshot_nodes(status["tree"])}
     return [k for k in kills if k.child in pids and pids[k.child] == k.pid]
 
 
 def all_running(status: dict) -> bool:
-    return all(n["state"] == "running" for n, _ in walk(status["tree"]))
+    return all(n["state"] == "running" for n in snapshot_nodes(status["tree"]))
 
 
 def producer_load(status: dict) -> dict[str, tuple[int, int]]:
     """Producer id → (in flight, buffered) from its last stats report (≤ 1 s old)."""
     out = {}
-    for n, _ in walk(status["tree"]):
+    for n in snapshot_nodes(status["tree"]):
         if kind_of(n["id"]) == "producer":
             m = n.get("messages", {})
             out[n["id"]] = (int(m.get("inflight", 0)), int(m.get("buffered", 0)))

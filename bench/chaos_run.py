@@ -34,9 +34,8 @@ from chaos_plan import (
     kind_of,
     spec_tree,
     unseen_kills,
-    walk,
 )
-from offbroadway.supervision.tree import workers_under
+from offbroadway.supervision.tree import snapshot_nodes, workers_under
 
 REPO = Path(__file__).resolve().parent.parent
 AMQP_URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
@@ -522,7 +521,8 @@ class ChaosRun:
                 continue
             choice = self.pick(status) if status else None
             if choice is None and status:
-                self.blocked.update(f"{n['id']}:{n['state']}" for n, _ in walk(status["tree"])
+                self.blocked.update(f"{n['id']}:{n['state']}"
+                                    for n in snapshot_nodes(status["tree"])
                                     if n["state"] != "running")
             if choice is None or not self.kill_stage(status, *choice):
                 time.sleep(0.1)    # nothing may be killed right now: try again shortly

@@ -47,6 +47,7 @@ from typing import Any
 
 import psutil
 from offbroadway.daemon.names import role_of
+from offbroadway.supervision.tree import snapshot_nodes
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -110,12 +111,6 @@ state_dir = "{tmp}/state"
 """
 
 
-def _walk(node: dict):
-    yield node
-    for child in node.get("children", []):
-        yield from _walk(child)
-
-
 def _status(sock: str) -> dict | None:
     from offbroadway.daemon import control
 
@@ -130,9 +125,9 @@ def _ready(sock: str, producers: int, processors: int) -> bool:
     status = _status(sock)
     if status is None:
         return False
-    demands = [n.get("messages", {}).get("demand", 0) for n in _walk(status["tree"])
+    demands = [n.get("messages", {}).get("demand", 0) for n in snapshot_nodes(status["tree"])
                if role_of(n["id"]) == "producer"]
-    procs = [n for n in _walk(status["tree"]) if role_of(n["id"]) == "processor"]
+    procs = [n for n in snapshot_nodes(status["tree"]) if role_of(n["id"]) == "processor"]
     return (len(demands) == producers and all(d >= processors for d in demands)
             and len(procs) == processors and all(p.get("messages") for p in procs))
 
@@ -150,7 +145,7 @@ def _pause_producers(sock: str, producers: int, deadline: float) -> None:
     while time.monotonic() < deadline:
         status = _status(sock)
         if status is not None:
-            running = [n for n in _walk(status["tree"])
+            running = [n for n in snapshot_nodes(status["tree"])
                        if role_of(n["id"]) == "producer" and n["state"] == "running"]
             if len(running) == producers:
                 _control(sock, "drain")
@@ -162,7 +157,7 @@ def _pause_producers(sock: str, producers: int, deadline: float) -> None:
 def _processor_counters(sock: str) -> dict[str, int]:
     status = _status(sock) or {"tree": {"id": "", "children": []}}
     total: dict[str, int] = {}
-    for n in _walk(status["tree"]):
+    for n in snapshot_nodes(status["tree"]):
         if role_of(n["id"]) == "processor":
             for k in ("asks", "retracts"):
                 total[k] = total.get(k, 0) + n.get("messages", {}).get(k, 0)

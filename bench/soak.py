@@ -66,6 +66,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import chaos
 from benchlib import free_port
+from offbroadway.supervision.tree import snapshot_find, snapshot_nodes
 
 REPO = Path(__file__).resolve().parent.parent
 KILL_KINDS = ("producer", "processor", "batcher", "batch_processor")
@@ -439,7 +440,7 @@ state_dir = "{self.state_dir}"
         status = self.status()
         if status is None or not chaos.all_running(status):
             return False
-        workers = sorted(n["id"] for n, _ in chaos.walk(status["tree"])
+        workers = sorted(n["id"] for n in snapshot_nodes(status["tree"])
                          if n["kind"] == "worker" and n["id"] != "spark" and n.get("pid"))
         target = self.rng.choice(workers)
         reply = self.command({"cmd": "restart", "child": target})
@@ -465,7 +466,7 @@ state_dir = "{self.state_dir}"
         status = self.status()
         if status is None or not chaos.all_running(status):
             return False
-        spark = next((n for n, _ in chaos.walk(status["tree"]) if n["id"] == "spark"), None)
+        spark = snapshot_find(status["tree"], "spark")
         jvm = jvm_of(int(spark["pid"])) if spark and spark.get("pid") else None
         if jvm is None:
             return False
@@ -483,7 +484,7 @@ state_dir = "{self.state_dir}"
         fds_total = 0
         assert self.proc is not None
         procs: dict[str, int] = {"daemon": self.proc.pid}
-        for node, _ in chaos.walk(status["tree"]):
+        for node in snapshot_nodes(status["tree"]):
             if node["kind"] == "worker" and node.get("pid"):
                 procs[node["id"]] = int(node["pid"])
         spark_pid = procs.pop("spark", None)
@@ -613,7 +614,7 @@ state_dir = "{self.state_dir}"
             report["acked"] = int(final.get("acked", 0))
             report["failed"] = int(final.get("failed", 0))
             report["restarts"] = {n["id"]: n.get("restarts", 0)
-                                  for n, _ in chaos.walk(final["tree"])} if final else {}
+                                  for n in snapshot_nodes(final["tree"])} if final else {}
             self.sample(publisher)
             report["exit_code"] = self.stop()
             if report["exit_code"] != 0:

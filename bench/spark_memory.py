@@ -32,7 +32,8 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import nodes, role, status  # bench/ helpers
+from benchlib import role, status  # bench/ helpers
+from offbroadway.supervision.tree import snapshot_nodes
 from spark_e2e import RABBIT_HANDLER, REPO, TOKEN_ENV, example_config, order_lines, write_spool
 from spark_sink import _env, start_server
 
@@ -42,7 +43,7 @@ ROLES = ("producer", "processor", "batcher", "batch_processor", "committer")
 def rss_by_role(tree: dict) -> dict[str, float]:
     """MiB of resident memory per role, summed over its processes."""
     out = dict.fromkeys(ROLES, 0.0)
-    for n in nodes(tree):
+    for n in snapshot_nodes(tree):
         pid = n.get("pid")
         if not pid or n.get("kind") != "worker":
             continue
@@ -57,12 +58,12 @@ def rss_by_role(tree: dict) -> dict[str, float]:
 
 
 def inflight(tree: dict) -> int:
-    return sum(n.get("messages", {}).get("inflight", 0) for n in nodes(tree)
+    return sum(n.get("messages", {}).get("inflight", 0) for n in snapshot_nodes(tree)
                if role(n["id"]) == "producer")
 
 
 def committed(tree: dict) -> int:
-    return sum(n.get("messages", {}).get("commits", 0) for n in nodes(tree)
+    return sum(n.get("messages", {}).get("commits", 0) for n in snapshot_nodes(tree)
                if n["id"].startswith("committer"))
 
 

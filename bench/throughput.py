@@ -60,6 +60,7 @@ from benchlib import (
     statuses,
 )
 from offbroadway.daemon.names import role_of
+from offbroadway.supervision.tree import snapshot_nodes
 
 REPO = Path(__file__).resolve().parent.parent
 ROLES = ("producer", "processor", "batcher", "batch_processor")
@@ -254,12 +255,11 @@ concurrency = 2
 def _stage_frames(tree: dict, seen: dict[str, tuple[int, int, int, int]]) -> None:
     """Each stage's data-plane frames sent, messages out and in, and (processors) EVENTS
     frames received, as last reported (stats come once a second, and at a stage's end)."""
-    m = tree.get("messages", {})
-    if tree.get("kind") == "worker" and "frames" in m:
-        seen[tree["id"]] = (m["frames"], m.get("out", 0), m.get("in", 0),
-                            m.get("event_frames", 0))
-    for child in tree.get("children", []):
-        _stage_frames(child, seen)
+    for node in snapshot_nodes(tree):
+        m = node.get("messages", {})
+        if node.get("kind") == "worker" and "frames" in m:
+            seen[node["id"]] = (m["frames"], m.get("out", 0), m.get("in", 0),
+                                m.get("event_frames", 0))
 
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from offbroadway.stages.runtime.logs import configure as configure_logging
 from offbroadway.stages.runtime.logs import prefix
+from offbroadway.supervision.tree import snapshot_nodes
 
 from . import control
 from .names import PRODUCER, role_of
@@ -146,15 +147,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _out_counts(node: dict, into: dict[str, int] | None = None) -> dict[str, int]:
+def _out_counts(tree: dict) -> dict[str, int]:
     """Stage id → messages out, over the whole tree."""
-    into = {} if into is None else into
-    out = node.get("messages", {}).get("out")
-    if isinstance(out, int):
-        into[node["id"]] = out
-    for child in node.get("children", []):
-        _out_counts(child, into)
-    return into
+    return {node["id"]: out for node in snapshot_nodes(tree)
+            if isinstance(out := node.get("messages", {}).get("out"), int)}
 
 
 class _Rates:
@@ -257,13 +253,10 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 def _stop_progress(status: dict) -> str:
     inflight = 0
-    stack = [status["tree"]]
-    while stack:
-        node = stack.pop()
+    for node in snapshot_nodes(status["tree"]):
         msgs = node.get("messages") or {}
         if role_of(node["id"]) == PRODUCER and isinstance(msgs.get("inflight"), int):
             inflight += msgs["inflight"]
-        stack.extend(node.get("children", []))
     what = "draining" if status.get("draining") else "stopping"
     return f"{what}, {inflight} messages in flight"
 

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from offbroadway.stages.runtime.metrics import MULTIPROC_ENV
+from offbroadway.supervision.tree import snapshot_nodes
 
 from . import metricsdir, status
 from .spark import SPARK_CHILD_ID
@@ -68,7 +69,7 @@ class TreeCollector:
                                   "incarnation.", labels=("pipeline", "child"))
 
         tree = self.snapshot()
-        for node in status.nodes(tree):
+        for node in snapshot_nodes(tree):
             labels = (self.pipeline, node["id"], node["kind"])
             up.add_metric(labels, 1.0 if node["state"] == "running" else 0.0)
             restarts.add_metric(labels, float(node.get("restarts", 0)))

@@ -20,11 +20,12 @@ from collections.abc import Awaitable, Callable
 from offbroadway.stages.flow import ratelimit
 from offbroadway.stages.wire import commands
 from offbroadway.supervision import SupervisionError
+from offbroadway.supervision.tree import snapshot_nodes
 
 from .pipeline import PipelineState, Shell, TreeHandle
 from .reactions import Send
 from .resizer import Resizer
-from .status import TERMINATOR, nodes
+from .status import TERMINATOR
 
 log = logging.getLogger("offbroadway.daemon")
 
@@ -36,7 +37,7 @@ REPORT_WAIT = 1.5
 
 def _worker_pids(tree: dict) -> dict[str, int | None]:
     """Worker id -> pid in a tree snapshot (a restarted worker has a new pid)."""
-    return {n["id"]: n.get("pid") for n in nodes(tree) if n["kind"] == "worker"
+    return {n["id"]: n.get("pid") for n in snapshot_nodes(tree) if n["kind"] == "worker"
             and n["id"] != TERMINATOR}
 
 
@@ -85,7 +86,7 @@ class Operator:
         if child_id == TERMINATOR:
             return {"ok": False, "error": "terminator runs inside the daemon; nothing to restart"}
         if tree.find(child_id) is None:
-            ids = [n["id"] for n in nodes(tree.snapshot())][1:]
+            ids = [n["id"] for n in snapshot_nodes(tree.snapshot())][1:]
             return {"ok": False, "error": f"no child with id {child_id!r}; children: "
                     f"{', '.join(ids)}"}
         if state.is_leaving(child_id):

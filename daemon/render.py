@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from offbroadway.supervision.tree import snapshot_lineage
+
 #: the id column's width when there is no stage to size it by
 MIN_ID = 24
 
@@ -86,12 +88,6 @@ COLUMNS = (
 RATE = _Column("out/s", 7, 0, _rate)
 
 
-def _walk(node: dict, depth: int = 0):
-    yield node, depth
-    for child in node.get("children", []):
-        yield from _walk(child, depth + 1)
-
-
 def _label(node: dict, depth: int, width: int, indent: int = 2) -> str:
     label = " " * (indent * depth) + node["id"]
     if node["kind"] == "supervisor" and node.get("strategy"):
@@ -147,7 +143,7 @@ def header_lines(status: dict) -> list[str]:
 def table_lines(status: dict, rates: dict[str, float] | None = None,
                 width: int | None = None) -> list[str]:
     """The column titles, then one line per node of the tree (never wider than ``width``)."""
-    nodes = list(_walk(status["tree"]))
+    nodes = [(n, len(above)) for n, above in snapshot_lineage(status["tree"])]
     columns = [*COLUMNS, RATE] if rates is not None else list(COLUMNS)
     indent = 2
     if width is not None:

@@ -5,7 +5,9 @@ The stages report their counters to the hub (:class:`~offbroadway.stages.wire.co
 ``Done``, ``Settled``); :class:`Board` keeps the last report of each and the totals over
 restarts (:mod:`.totals`), and reads from them what ``status``, the end-of-run lines and
 the "waiting for its source" notice need.  :func:`usage` is the one psutil walk: ``status``
-adds its figures to each node, ``/metrics`` (:mod:`.metrics`) exports them.
+adds its figures to each node, ``/metrics`` (:mod:`.metrics`) exports them.  The tree is
+walked, here and wherever the answer is read, with the supervision library's snapshot
+walks (:func:`~offbroadway.supervision.tree.snapshot_nodes` and its siblings).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 from collections.abc import Iterator
 
 import psutil
+from offbroadway.supervision.tree import snapshot_nodes
 
 from .topology import Topology
 from .totals import StageTotals
@@ -46,17 +49,10 @@ def process_usage(pid: int, *, tree: bool = False) -> tuple[int, float] | None:
     return rss, cpu_s
 
 
-def nodes(tree: dict) -> Iterator[dict]:
-    """Every node of a tree snapshot, depth first, the root first."""
-    yield tree
-    for child in tree.get("children", []):
-        yield from nodes(child)
-
-
 def usage(tree: dict, spark_id: str | None) -> Iterator[tuple[dict, tuple[int, float]]]:
     """(node, (RSS bytes, CPU seconds)) for every node that is a live process; the Spark
     child's row counts its JVM too."""
-    for node in nodes(tree):
+    for node in snapshot_nodes(tree):
         pid = node.get("pid")
         if pid:
             figures = process_usage(pid, tree=node["id"] == spark_id)
@@ -115,7 +111,7 @@ class Board:
         snapshot["children"].append({
             "id": TERMINATOR, "kind": "worker", "strategy": None, "pid": None,
             "state": terminator_state, "restarts": 0, "children": []})
-        for node in nodes(snapshot):
+        for node in snapshot_nodes(snapshot):
             stats = self.stats.get(node["id"])
             if stats is not None:
                 node["messages"] = {k: v for k, v in stats.items() if k != "at"}

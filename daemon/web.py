@@ -33,10 +33,9 @@ from collections.abc import Callable, Iterable, Iterator
 from importlib import resources
 from typing import TYPE_CHECKING
 
-from offbroadway.supervision.tree import workers_under
+from offbroadway.supervision.tree import snapshot_nodes, workers_under
 
 from .names import committer_id
-from .status import nodes
 from .timeline import Timeline
 
 if TYPE_CHECKING:
@@ -71,7 +70,7 @@ def page_state(status: Callable[[], dict], state: PipelineState, timeline: Timel
     st = status()
     topo = state.topology
     now = time.time()
-    by_id = {n["id"]: n for n in nodes(st["tree"])}
+    by_id = {n["id"]: n for n in snapshot_nodes(st["tree"])}
 
     def msgs(sid: str) -> dict:
         return by_id.get(sid, {}).get("messages") or {}

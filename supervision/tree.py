@@ -1,4 +1,5 @@
-"""Facts about a tree of child specs, read where the supervisors' rules live.
+"""Facts about a tree of child specs, read where the supervisors' rules live, and the
+walks of a live tree's snapshot.
 
 Whoever steers a supervised system (the daemon's reactions, an operator's restart, a chaos
 bench that predicts restart counters) needs to know what a crash will do before the
@@ -7,11 +8,20 @@ restart stops and starts.  OTP answers this inside the supervisor (``children_ma
 ``find_child``, escalation inside ``restart/2``); these functions answer it from the same
 specs and the same strategy table (:func:`.strategy.affected`), so no caller models the
 rules a second time.  Pure: specs in, ids out, no process or clock.
+
+The live tree has one shape outside the supervisors: the snapshot
+(:meth:`.supervisor.Supervisor.snapshot`: nested dicts with ``id``, ``kind``, ``state``,
+``pid``, ``restarts`` and ``children``), which the daemon's ``status`` answer carries as
+its ``tree``, each node with the stage's counters (``messages``) and its memory and CPU
+added.  Whoever reads that answer (the daemon's status, metrics, operator verbs, command
+line and page, the benches) walks it with :func:`snapshot_nodes`, :func:`snapshot_lineage`
+and :func:`snapshot_find`, never by hand.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from .spec import BRUTAL_KILL, INFINITY, ChildSpec, SupervisorSpec, WorkerSpec
 from .strategy import affected
@@ -104,3 +114,27 @@ class SpecTree:
         """The workers that stop and start again when ``child_id`` crashes (or an operator
         restarts it), in start order."""
         return self.workers(self.restarted_by(child_id))
+
+
+# -- snapshots: the live tree as Supervisor.snapshot() gives it (``status``'s ``tree``) --
+
+def snapshot_nodes(snapshot: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every node of a tree snapshot, depth first in start order, the root first."""
+    yield snapshot
+    for child in snapshot.get("children", ()):
+        yield from snapshot_nodes(child)
+
+
+def snapshot_lineage(snapshot: dict[str, Any], _above: tuple[dict[str, Any], ...] = ()
+                     ) -> Iterator[tuple[dict[str, Any], tuple[dict[str, Any], ...]]]:
+    """Every node of a tree snapshot with its ancestors (the root first, the parent last;
+    a node's depth is their number), in the order of :func:`snapshot_nodes`."""
+    yield snapshot, _above
+    below = (*_above, snapshot)
+    for child in snapshot.get("children", ()):
+        yield from snapshot_lineage(child, below)
+
+
+def snapshot_find(snapshot: dict[str, Any], child_id: str) -> dict[str, Any] | None:
+    """The node of a tree snapshot with id ``child_id``, or None."""
+    return next((n for n in snapshot_nodes(snapshot) if n["id"] == child_id), None)

@@ -13,13 +13,14 @@ import pytest
 from offbroadway.daemon import resize
 from offbroadway.daemon.config import load_config
 from offbroadway.daemon.topology import auto_prefetch
+from offbroadway.supervision.tree import snapshot_nodes
 
 from tests.brokers.conftest import AMQP_URL
 from tests.brokers.natsutil import NATS_URL
 from tests.brokers.test_pipeline_brokers import rabbit_props
 from tests.conftest import wait_until
 from tests.e2e.handlers import read_records
-from tests.e2e.test_operations import free_port, walk
+from tests.e2e.test_operations import free_port
 from tests.e2e.test_resize import SEQUENCE, resizable_config, resize_midstream, status
 
 pytestmark = pytest.mark.broker
@@ -42,7 +43,7 @@ def run_resized(tmp: Path, n: int, source: str, options: dict, window: str) -> C
 
     def window_follows(sock: str) -> None:
         def windows() -> set:
-            return {nd["messages"]["source"][window] for nd in walk(status(sock)["tree"])
+            return {nd["messages"]["source"][window] for nd in snapshot_nodes(status(sock)["tree"])
                     if nd["id"].startswith("producer_") and "messages" in nd}
         wait_until(lambda: windows() == {end}, timeout=10, message=f"{window} {end}")
 

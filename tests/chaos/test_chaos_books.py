@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from offbroadway.supervision.tree import snapshot_find
 
 from bench.chaos import (
     ChaosOptions,
@@ -22,7 +23,6 @@ from bench.chaos import (
     output_check,
     spec_tree,
     unseen_kills,
-    walk,
 )
 
 pytestmark = pytest.mark.chaos
@@ -117,7 +117,7 @@ def test_a_status_from_before_the_daemon_read_a_kill_is_not_believed(root) -> No
     # read: the worker shows no pid while its supervisor restarts it, then its successor's
     exited = status_of(root, {"batcher_spark": "restarting"})
     for node in (exited, status_of(root)):
-        batcher = next(n for n, _ in walk(node["tree"]) if n["id"] == "batcher_spark")
+        batcher = snapshot_find(node["tree"], "batcher_spark")
         batcher["pid"] = None if node is exited else 2000
         assert unseen_kills(node, [kill]) == []
 

@@ -18,15 +18,10 @@ import psutil
 def tree_nodes(sock: Path) -> dict[str, dict]:
     """Every node of the live supervision tree, by id."""
     from offbroadway.daemon import control
+    from offbroadway.supervision.tree import snapshot_nodes
 
     tree = control.request(str(sock), {"cmd": "status"}, timeout=10)["status"]["tree"]
-    nodes: dict[str, dict] = {}
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        nodes[node["id"]] = node
-        stack.extend(node.get("children", []))
-    return nodes
+    return {node["id"]: node for node in snapshot_nodes(tree)}
 
 
 def producer_books(sock: Path, producer: str = "producer_0") -> dict:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from offbroadway.daemon.outcome import EXIT_FAILED
+from offbroadway.supervision.tree import snapshot_find, snapshot_nodes
 
 from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
 from tests.e2e.test_pipeline import make_config, write_spool
@@ -37,12 +38,6 @@ def status(sock: Path) -> dict:
     out = cli("status", "--json", "--socket", str(sock))
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
-
-
-def walk(node: dict):
-    yield node
-    for child in node["children"]:
-        yield from walk(child)
 
 
 def test_unknown_batcher_is_a_warning_and_a_failed_count_in_status(short_tmp: Path) -> None:
@@ -90,7 +85,7 @@ def test_operator_commands(short_tmp: Path) -> None:
     daemon = start(config, log)
     try:
         s = wait_until(lambda: sock.exists() and (st := status(sock)) and all(
-            n["state"] == "running" for n in walk(st["tree"])) and st, timeout=60,
+            n["state"] == "running" for n in snapshot_nodes(st["tree"])) and st, timeout=60,
             message="every child running")
         for key in ("paused", "draining", "uptime", "failed", "acked", "stopping"):
             assert key in s, key
@@ -98,7 +93,7 @@ def test_operator_commands(short_tmp: Path) -> None:
 
         # the producer never reports more out than in
         def producer() -> dict:
-            return next(n for n in walk(status(sock)["tree"]) if n["id"] == "producer_0")
+            return snapshot_find(status(sock)["tree"], "producer_0")
         wait_until(lambda: producer().get("messages", {}).get("in", 0) > 0, timeout=30,
                    message="messages in")
         for _ in range(5):
@@ -218,7 +213,7 @@ def test_second_ctrl_c_explains_and_third_stops_at_once(short_tmp: Path) -> None
     daemon = start(config, log)
     try:
         wait_until(lambda: sock.exists() and (s := status(sock)) and all(
-            n["state"] == "running" for n in walk(s["tree"])), timeout=60,
+            n["state"] == "running" for n in snapshot_nodes(s["tree"])), timeout=60,
             message="every child running")
         daemon.send_signal(signal.SIGINT)
         wait_until(lambda: "SIGINT received: draining" in log.read_text(), timeout=10,

@@ -10,6 +10,8 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
+from offbroadway.supervision.tree import snapshot_find, snapshot_nodes
+
 from tests.conftest import (  # free_port: other tests import it from here too
     REPO,
     free_port,
@@ -25,12 +27,6 @@ from tests.e2e.test_pipeline import make_config, stage_pids, write_spool
 def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(offbroadway_cmd(*args), cwd=REPO, env=test_env(), capture_output=True,
                           text=True, timeout=60)
-
-
-def walk(node: dict):
-    yield node
-    for child in node["children"]:
-        yield from walk(child)
 
 
 def status(sock: Path) -> dict:
@@ -55,10 +51,10 @@ def test_status_restart_drain_resume_stop_and_metrics(short_tmp: Path) -> None:
         assert oct(sock.stat().st_mode & 0o777) == "0o600"
         assert oct((short_tmp / "run").stat().st_mode & 0o777) == "0o700"
         tree = wait_until(lambda: (s := status(sock)) and all(
-            n["state"] == "running" for n in walk(s["tree"])) and s, timeout=30,
+            n["state"] == "running" for n in snapshot_nodes(s["tree"])) and s, timeout=30,
             message="every child running")
         assert tree["pipeline"] == "e2e"
-        ids = {node["id"]: node for node in walk(tree["tree"])}
+        ids = {node["id"]: node for node in snapshot_nodes(tree["tree"])}
         for wid in ("producer_0", "processor_default_0", "processor_default_1", "batcher_even",
                     "batch_processor_even_0", "batcher_odd", "terminator"):
             assert ids[wid]["kind"] == "worker"
@@ -84,7 +80,7 @@ def test_status_restart_drain_resume_stop_and_metrics(short_tmp: Path) -> None:
 
         def settled() -> bool:
             s = status(sock)
-            producer = next(n for n in walk(s["tree"]) if n["id"] == "producer_0")
+            producer = snapshot_find(s["tree"], "producer_0")
             return producer.get("messages", {}).get("inflight") == 0
 
         wait_until(settled, timeout=60, message="in-flight messages to settle after drain")
@@ -97,7 +93,7 @@ def test_status_restart_drain_resume_stop_and_metrics(short_tmp: Path) -> None:
         (short_tmp / "spool" / "part-late.jsonl").write_text("\n".join(late_lines) + "\n")
 
         def fetched() -> int:
-            producer = next(n for n in walk(status(sock)["tree"]) if n["id"] == "producer_0")
+            producer = snapshot_find(status(sock)["tree"], "producer_0")
             return producer["messages"]["source"]["fetched"]
 
         # nothing is fetched while drained: over two of the spool's rescans (1 s each) and

@@ -13,10 +13,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from offbroadway.supervision.tree import snapshot_nodes
 
 from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
 from tests.e2e.handlers import read_records
-from tests.e2e.test_operations import cli, free_port, status, walk
+from tests.e2e.test_operations import cli, free_port, status
 from tests.e2e.test_pipeline import make_config, stage_pids
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -91,7 +92,7 @@ def test_a_prometheus_server_reads_what_the_run_did(short_tmp: Path, prometheus_
 
     def settled() -> int:
         return sum(n.get("messages", {}).get("acked", 0) + n.get("messages", {}).get("failed", 0)
-                   for n in walk(status(sock)["tree"]) if n["id"].startswith("producer_"))
+                   for n in snapshot_nodes(status(sock)["tree"]) if n["id"].startswith("producer_"))
 
     try:
         wait_until(lambda: sock.exists() and len(stage_pids(sock)) == 5, timeout=60,
@@ -110,10 +111,11 @@ def test_a_prometheus_server_reads_what_the_run_did(short_tmp: Path, prometheus_
         # the operator restart causes the cascade a crash of processor_default_0 would: its
         # one_for_all siblings, and under the rest_for_one root everything after them
         tree = status(sock)["tree"]
-        restarts = {n["id"]: n["restarts"] for n in walk(tree) if n["restarts"]}
+        restarts = {n["id"]: n["restarts"] for n in snapshot_nodes(tree) if n["restarts"]}
         assert restarts.get("processor_default_0") == restarts.get("processor_default_1") == 1
         assert set(restarts.values()) == {1} and "producer_0" not in restarts, restarts
-        workers = sum(1 for n in walk(tree) if n["id"] in restarts and n["kind"] == "worker")
+        workers = sum(1 for n in snapshot_nodes(tree)
+                      if n["id"] in restarts and n["kind"] == "worker")
         records = read_records(str(short_tmp / "out"), "batch-")
         batches = sum(1 / r["size"] for r in records)       # a batch of s writes s records
         assert len(records) == 2000 - failing and abs(batches - round(batches)) < 1e-6

@@ -26,9 +26,10 @@ import psutil
 import pytest
 from offbroadway.stages.runtime.redact import mask_url, redact
 from offbroadway.stages.wire import protocol
+from offbroadway.supervision.tree import snapshot_nodes
 
 from tests.conftest import REPO, start_daemon, wait_until
-from tests.e2e.test_operations import cli, free_port, status, walk
+from tests.e2e.test_operations import cli, free_port, status
 from tests.e2e.test_pipeline import make_config, write_spool
 
 PACKAGE_DIRS = ("api", "daemon", "stages", "supervision")
@@ -154,11 +155,11 @@ def test_runtime_dir_private_and_only_loopback_listeners_while_running(short_tmp
     try:
         wait_until(lambda: (run / "control.sock").exists(), timeout=60, message="control.sock")
         tree = wait_until(lambda: (t := status(run / "control.sock")) and all(
-            n["state"] == "running" for n in walk(t["tree"])
+            n["state"] == "running" for n in snapshot_nodes(t["tree"])
             if n["kind"] == "worker" and n["id"] != "terminator") and t, timeout=60,
             message="every stage running")
         # wait for this daemon's metrics files: every stage has flushed once
-        stages = [n for n in walk(tree["tree"]) if n["kind"] == "worker" and n["pid"]]
+        stages = [n for n in snapshot_nodes(tree["tree"]) if n["kind"] == "worker" and n["pid"]]
         wait_until(lambda: len(list((run / "metrics").glob("counter_*.db"))) >= len(stages),
                    timeout=30, message="every stage's metrics files")
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
@@ -241,7 +242,7 @@ def test_a_password_in_the_source_url_is_never_shown(short_tmp: Path, source: st
 
         def producer_source() -> dict | None:
             tree = status(sock)["tree"]
-            node = next((n for n in walk(tree) if n["id"] == "producer_0"), None)
+            node = next((n for n in snapshot_nodes(tree) if n["id"] == "producer_0"), None)
             src = ((node or {}).get("messages") or {}).get("source") or {}
             return src if src.get("last_error") else None
 

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import psutil
 import pytest
+from offbroadway.supervision.tree import snapshot_nodes
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
 from tests.e2e.handlers import read_records
-from tests.e2e.test_operations import cli, free_port, status, walk
+from tests.e2e.test_operations import cli, free_port, status
 from tests.e2e.test_pipeline import make_config, stage_pids, write_spool
 
 
@@ -51,7 +52,7 @@ def test_sd_notify_ready_watchdog_stopping_and_metrics_that_add_up(short_tmp: Pa
     try:
         wait_until(lambda: "READY=1" in receive(), timeout=60, message="READY=1")
         ready_tree = status(sock)           # READY=1 only once every child is up
-        assert all(node["state"] == "running" for node in walk(ready_tree["tree"])
+        assert all(node["state"] == "running" for node in snapshot_nodes(ready_tree["tree"])
                    if node["kind"] == "worker" and node["id"] != "terminator")
         wait_until(lambda: receive().count("WATCHDOG=1") >= 2, timeout=10,
                    message="periodic WATCHDOG=1")

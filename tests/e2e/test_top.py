@@ -16,9 +16,10 @@ import uuid
 from pathlib import Path
 
 import pytest
+from offbroadway.supervision.tree import snapshot_nodes
 
 from tests.conftest import REPO, test_env, wait_until
-from tests.e2e.test_cli import cli, start, status, walk
+from tests.e2e.test_cli import cli, start, status
 from tests.e2e.test_pipeline import make_config, write_spool
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None,
@@ -74,9 +75,9 @@ def test_top_fits_80x24_and_q_quits(short_tmp: Path) -> None:
     exit_file = short_tmp / "top.exit"
     try:
         s = wait_until(lambda: sock.exists() and (st := status(sock)) and all(
-            n["state"] == "running" for n in walk(st["tree"])) and st, timeout=60,
+            n["state"] == "running" for n in snapshot_nodes(st["tree"])) and st, timeout=60,
             message="every child running")
-        nodes = list(walk(s["tree"]))
+        nodes = list(snapshot_nodes(s["tree"]))
         # every stage by its full id; a supervisor's long id may be shortened ("~")
         stages = [n["id"] for n in nodes if n["kind"] == "worker"]
         tmux.start(top_command(sock, exit_file))

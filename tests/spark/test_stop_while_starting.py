@@ -14,9 +14,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from offbroadway.supervision.tree import snapshot_find
 
 from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
-from tests.e2e.test_cli import cli, status, walk
+from tests.e2e.test_cli import cli, status
 from tests.e2e.test_pipeline import make_config, write_spool
 from tests.spark.test_pipeline_spark import spark_section
 
@@ -43,7 +44,7 @@ def test_stop_during_spark_start_does_not_start_the_pipeline(short_tmp: Path) ->
     try:
         def spark_node() -> dict | None:
             s = sock.exists() and status(sock)
-            return next((n for n in walk(s["tree"]) if n["id"] == "spark"), None) if s else None
+            return snapshot_find(s["tree"], "spark") if s else None
 
         # the JVM is up (its memory shows in the spark row) and the server is not ready
         node = wait_until(lambda: (n := spark_node()) and n.get("pid") and

@@ -4,7 +4,7 @@ crash, with OTP's escalation through supervisors that allow no restart."""
 from __future__ import annotations
 
 from offbroadway.supervision import SpecTree, SupervisorSpec, WorkerSpec, workers_under
-from offbroadway.supervision.tree import walk
+from offbroadway.supervision.tree import snapshot_find, snapshot_lineage, snapshot_nodes, walk
 
 
 def _w(wid: str) -> WorkerSpec:
@@ -51,3 +51,25 @@ def test_a_crash_is_absorbed_by_the_first_supervisor_that_allows_a_restart() -> 
     assert t.cascade("b0") == ["b0"]
     assert t.crash_target("root") == (None, "root")
     assert t.cascade("root") == ["a", "b0", "b1", "c0", "d0", "d1", "e"]
+
+
+def _snapshot(spec) -> dict:
+    """A snapshot of ``spec``'s tree in the shape ``Supervisor.snapshot`` gives."""
+    sup = isinstance(spec, SupervisorSpec)
+    return {"id": spec.id, "kind": "supervisor" if sup else "worker",
+            "strategy": spec.strategy.value if sup else None, "pid": None,
+            "state": "running", "restarts": 0,
+            "children": [_snapshot(c) for c in spec.children] if sup else []}
+
+
+def test_a_snapshot_is_walked_as_the_specs_are_with_ancestors_and_found_by_id() -> None:
+    root = _tree()
+    snap = _snapshot(root)
+    assert [n["id"] for n in snapshot_nodes(snap)] == [s.id for s in walk(root)]
+    lineage = {n["id"]: [a["id"] for a in above] for n, above in snapshot_lineage(snap)}
+    assert lineage["root"] == [] and lineage["a"] == ["root"]
+    assert lineage["d1"] == ["root", "all0", "inner0"]
+    assert [n["id"] for n, _ in snapshot_lineage(snap)] == [s.id for s in walk(root)]
+    assert snapshot_find(snap, "c0")["kind"] == "worker"
+    assert snapshot_find(snap, "gone") is None
+    assert [n["id"] for n in snapshot_nodes({"id": "lone"})] == ["lone"]
