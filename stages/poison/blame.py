@@ -49,7 +49,6 @@ import msgpack
 
 from ..wire import protocol
 from ..wire.commands import Blame, Suspect
-from ..wire.protocol import envelope_of
 
 MAGIC = b"OBB1"
 SIZE = 4096
@@ -72,11 +71,14 @@ KINDS = {MESSAGE: "handle_message", FRAME: "prepare_messages",
 
 
 class Blamed(Protocol):
-    """What a record needs of a message: its id, and the delivery envelope the codec gave
-    it (read with :data:`~..wire.protocol.envelope_of`; :class:`offbroadway.Message` has
-    both)."""
+    """What a record needs of a message (:class:`offbroadway.Message` has it): its id and
+    its delivery envelope, the two private slots the codec (:mod:`..wire.protocol`) set
+    when it built the message.  Read here as slots, not through a getter: a record is
+    written before every callback that could kill the process."""
 
     id: str
+    _origin: int
+    _token: int
 
 
 def path(runtime_dir: str, stage_id: str) -> str:
@@ -173,8 +175,8 @@ class BlameRecorder:
             n = len(raw)
             if n > MAX_ID:
                 return
-            origin, token = envelope_of(m)
-            (_ENTRIES.get(n) or _entry(n)).pack_into(mm, HEADER.size, origin, token, n, raw)
+            (_ENTRIES.get(n) or _entry(n)).pack_into(mm, HEADER.size, m._origin, m._token, n,
+                                                     raw)
         except (struct.error, UnicodeError, TypeError, AttributeError):
             return self._message_slow(m)
         mm[STATE_AT] = MESSAGE
@@ -184,8 +186,8 @@ class BlameRecorder:
         try:
             raw = _encode_id(m.id)
             if len(raw) <= MAX_ID:
-                origin, token = envelope_of(m)
-                _entry(len(raw)).pack_into(self._mm, HEADER.size, origin, token, len(raw), raw)
+                _entry(len(raw)).pack_into(self._mm, HEADER.size, m._origin, m._token,
+                                           len(raw), raw)
                 self._mm[STATE_AT] = MESSAGE
         except (struct.error, UnicodeError, TypeError):
             pass
@@ -202,7 +204,7 @@ class BlameRecorder:
                 end = at + ENTRY.size + len(raw)
                 if end > SIZE:
                     break
-                ENTRY.pack_into(mm, at, *envelope_of(m), len(raw))
+                ENTRY.pack_into(mm, at, m._origin, m._token, len(raw))
             except (struct.error, UnicodeError, TypeError):
                 continue
             mm[at + ENTRY.size:end] = raw

@@ -504,10 +504,11 @@ def split_events(packed: bytes) -> list[bytes]:
 # A message's delivery envelope (its origin producer and in-flight token) is the runtime's:
 # :class:`~offbroadway.Message` keeps it in two private slots that only this codec sets
 # (:func:`_message`, :func:`address`) and reads (:func:`to_events`, :func:`ack_groups`,
-# :data:`envelope_of`).  Slots, not a proxy object beside each message: a message is built
-# once per message in every stage that runs user code, and a slot read is the cheapest read.
+# :data:`envelope_of`), with one reader beside it, the blame record (:mod:`..poison.blame`).
+# Slots, not a proxy object beside each message: a message is built once per message in
+# every stage that runs user code, and a slot read is the cheapest read.
 
-#: a message's envelope as ``(origin, token)`` (the blame record; tests that check it)
+#: a message's envelope as ``(origin, token)`` (for tests and handlers of the tests)
 envelope_of = attrgetter("_origin", "_token")
 
 
