@@ -19,10 +19,11 @@ import urllib.request
 from collections import defaultdict
 from pathlib import Path
 
+from offbroadway.supervision.tree import snapshot_nodes
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import REPO, free_port, offbroadway_cmd, test_env, wait_until
-from tests.e2e.test_operations import status, walk
+from tests.e2e.test_operations import status
 from tests.e2e.test_pipeline import make_config, stage_pids
 
 N = 1000
@@ -66,7 +67,8 @@ def test_counts_have_one_owner_one_child_label_and_per_message_histograms(short_
         def settled() -> int:
             return sum(n.get("messages", {}).get("acked", 0) +
                        n.get("messages", {}).get("failed", 0)
-                       for n in walk(status(sock)["tree"]) if n["id"].startswith("producer_"))
+                       for n in snapshot_nodes(status(sock)["tree"])
+                       if n["id"].startswith("producer_"))
 
         wait_until(lambda: settled() == N, timeout=60, message="every message settled")
         # stages publish once a tick: wait until every stage's last counts are in /metrics
@@ -101,7 +103,7 @@ def test_counts_have_one_owner_one_child_label_and_per_message_histograms(short_
         assert total(samples, "offbroadway_stage_failed_messages_total") == failing
 
         # one label name for a child, on every metric that names one
-        children = {n["id"] for n in walk(status(sock)["tree"])}
+        children = {n["id"] for n in snapshot_nodes(status(sock)["tree"])}
         for name, series in samples.items():
             for labels, _ in series:
                 assert "stage" not in labels, (name, labels)

@@ -11,8 +11,10 @@ import re
 import subprocess
 from pathlib import Path
 
+from offbroadway.supervision.tree import snapshot_nodes
+
 from tests.conftest import REPO, offbroadway_cmd, start_daemon, test_env, wait_until
-from tests.e2e.test_operations import cli, status, walk
+from tests.e2e.test_operations import cli, status
 from tests.e2e.test_pipeline import make_config, write_spool
 from tests.e2e.test_resize import shape_of
 
@@ -34,7 +36,8 @@ def test_restart_says_which_stages_restarted_and_how_many_were_requeued(short_tm
                                   env=test_env(), stdout=subprocess.DEVNULL, stderr=err)
     try:
         wait_until(lambda: sock.exists() and any(
-            n.get("messages", {}).get("inflight", 0) > 0 for n in walk(status(sock)["tree"])),
+            n.get("messages", {}).get("inflight", 0) > 0
+            for n in snapshot_nodes(status(sock)["tree"])),
                    timeout=60, message="messages in flight")
         out = cli("restart", "processor_default_1", "--socket", str(sock))
         assert out.returncode == 0, out.stderr

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import pytest
 from offbroadway.daemon import control
+from offbroadway.supervision.tree import snapshot_nodes
 
 from tests.conftest import REPO, offbroadway_cmd, start_daemon, test_env, wait_until
 from tests.e2e.handlers import read_records
-from tests.e2e.test_operations import free_port, walk
+from tests.e2e.test_operations import free_port
 from tests.e2e.test_pipeline import make_config, write_spool
 
 #: what the tests do to the shape, in order: (scale arguments, processors, batch processors)
@@ -73,7 +74,7 @@ def status(sock: str) -> dict:
 
 def shape_of(st: dict) -> tuple[list[str], list[str]]:
     """(processors, batch processors) running, from status --json."""
-    nodes = list(walk(st["tree"]))
+    nodes = list(snapshot_nodes(st["tree"]))
     procs = [n["id"] for n in nodes if n["id"].startswith("processor_")
              and n["state"] == "running"]
     bps = [n["id"] for n in nodes if n["id"].startswith("batch_processor_")
@@ -113,7 +114,7 @@ def resize_midstream(tmp: Path, config: Path, port: int, total: int,
             procs, bps = shape_of(st)
             assert procs == [f"processor_default_{i}" for i in range(n_proc)], procs
             assert bps == [f"batch_processor_default_{i}" for i in range(n_bp)], bps
-            assert all(node["restarts"] == 0 for node in walk(st["tree"])), \
+            assert all(node["restarts"] == 0 for node in snapshot_nodes(st["tree"])), \
                 "a resize counted as a restart"
             # /metrics answers scrapes within 0.5 s from one snapshot: poll to a deadline
             shape = set(procs + bps)
@@ -146,7 +147,7 @@ def test_scale_up_and_down_midstream_spool_exact_books(short_tmp: Path) -> None:
     assert not read_records(str(out), "failed-")
     assert not list((short_tmp / "spool").glob("*.jsonl")), "spool not fully acked"
     assert f"e2e: {n} messages acked, 0 failed" in run["stdout"], run["stdout"]
-    producer = next(nd for nd in walk(run["status"]["tree"]) if nd["id"] == "producer_0")
+    producer = next(nd for nd in snapshot_nodes(run["status"]["tree"]) if nd["id"] == "producer_0")
     assert producer["messages"]["requeued"] == 0
 
 
@@ -228,7 +229,7 @@ def test_reload_resizes_through_the_same_path(short_tmp: Path) -> None:
         assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1, res
         assert "processors.default.partition_by" in res.stderr, res.stderr
         assert shape_of(status(sock))[0] == ["processor_default_0"]
-        assert all(nd["restarts"] == 0 for nd in walk(status(sock)["tree"]))
+        assert all(nd["restarts"] == 0 for nd in snapshot_nodes(status(sock)["tree"]))
         assert len(read_records(str(out), "batch-")) < n, "the stream ended first"
         _, err = daemon.communicate(timeout=240)
     assert daemon.returncode == 0, err[-3000:]
@@ -289,7 +290,7 @@ def test_a_stage_killed_while_it_leaves_is_a_crash_and_the_resize_still_ends(
     flag, sock_path, daemon = held_pipeline(short_tmp, n)
     sock = str(sock_path)
     with shown_if_failing(daemon):
-        victim = next(nd["pid"] for nd in walk(status(sock)["tree"])
+        victim = next(nd["pid"] for nd in snapshot_nodes(status(sock)["tree"])
                       if nd["id"] == "processor_default_1")
         scale = subprocess.Popen(offbroadway_cmd("scale", "processors", "1", "--socket", sock),
                                  cwd=REPO, env=test_env(), stdout=subprocess.PIPE,
@@ -303,7 +304,7 @@ def test_a_stage_killed_while_it_leaves_is_a_crash_and_the_resize_still_ends(
         assert "-> 1 processors" in said, said
         st = one_processor_again(sock)
         assert st["leaving"] == []
-        restarts = {nd["id"]: nd["restarts"] for nd in walk(st["tree"])}
+        restarts = {nd["id"]: nd["restarts"] for nd in snapshot_nodes(st["tree"])}
         assert restarts["ProcessorSupervisor"] == 1, "the crash counts, once"
         assert restarts["processor_default_0"] == 1 and restarts["ProducerSupervisor"] == 0
         flag.unlink()
@@ -325,7 +326,8 @@ def test_a_stage_that_does_not_finish_leaving_is_restarted_out(short_tmp: Path) 
         res = cli("scale", "processors", "1", "--socket", sock)
         assert res.returncode == 0 and "-> 1 processors" in res.stdout, res
         flag.unlink()
-        restarts = {nd["id"]: nd["restarts"] for nd in walk(one_processor_again(sock)["tree"])}
+        restarts = {nd["id"]: nd["restarts"]
+                    for nd in snapshot_nodes(one_processor_again(sock)["tree"])}
         # an operator-style restart: the cascade, not counted toward intensity (the
         # supervisor itself shows the restart of its children)
         assert restarts["processor_default_0"] == 1 and restarts["ProducerSupervisor"] == 0
