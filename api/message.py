@@ -9,11 +9,14 @@ it on every call (as Elixir must) would only cost allocations on the hot path.
 The delivery envelope (where the message's acknowledgement goes: the index of the
 producer that emitted it and that producer's in-flight key) is the runtime's, not the
 user's, as Dramatiq keeps a broker's delivery tag on its ``MessageProxy`` rather than on
-its ``Message``.  It is no argument of the constructor and no public attribute: the wire
-codec (:mod:`offbroadway.stages.wire.protocol`) sets it on the messages it builds and reads
-it back, in two private slots, so that carrying it costs the hot path nothing (a proxy
-object per message would cost an allocation and an indirection on every attribute).  A
-message a handler builds itself has the empty envelope (producer 0, token 0).
+its ``Message``.  The wire codec (:mod:`offbroadway.stages.wire.protocol`) sets it on the
+messages it builds and reads it back, in two private slots, so that carrying it costs the
+hot path nothing (a proxy object per message would cost an allocation and an indirection
+on every attribute).  A message a handler builds itself has the empty envelope (producer
+0, token 0).  A program that moves messages itself (a test, a lean pipeline of its own
+such as the yardstick in the benchmarks) may still give ``origin=`` / ``token=`` to the
+constructor and read them back as ``origin`` / ``token``; those names are read-only and
+the runtime never reads them.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ class Message:
         *,
         batcher: str = "default",
         batch_key: Any = "default",
+        origin: int = 0,
+        token: int = 0,
     ) -> None:
         self.id = id
         self.data = data
@@ -47,8 +52,18 @@ class Message:
         #: ``None`` while the message is healthy, else the failure reason (a string).
         self.status: str | None = None
         # the delivery envelope: the runtime's (module doc), empty until the codec sets it
-        self._origin = 0
-        self._token = 0
+        self._origin = origin
+        self._token = token
+
+    @property
+    def origin(self) -> int:
+        """The producer this message's acknowledgement goes to (read-only; module doc)."""
+        return self._origin
+
+    @property
+    def token(self) -> int:
+        """That producer's in-flight key for this message (read-only; module doc)."""
+        return self._token
 
     # -- chainable API (Broadway.Message) ------------------------------------------------
     def put_batcher(self, batcher: str) -> Message:
