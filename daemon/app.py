@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 
 from offbroadway.stages.flow import ratelimit
 from offbroadway.stages.flow.ratelimit import SharedRateLimit
+from offbroadway.stages.poison import books as poison_books
 from offbroadway.stages.wire import commands
 from offbroadway.supervision import ChildExited, Supervisor
 
@@ -157,6 +158,8 @@ class Daemon:
     async def _run(self) -> int:
         rt = self.config.runtime
         os.makedirs(rt.state_dir, mode=0o700, exist_ok=True)
+        # poison strikes outlive a producer's restart, not the daemon's run
+        poison_books.clear(rt.dir)
         self.metrics_server = None
         self.root = Supervisor(self.state.topology.root, on_event=self.on_event)
         self.tree = TreeHandle(self.root)

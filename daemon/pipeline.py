@@ -125,6 +125,10 @@ class PipelineState:
         handed_back = isinstance(event, Restarting) and self.reactions.hands_back(
             event.children)
         sends = self.reactions.on_event(event, record)
+        for s in sends:
+            if isinstance(s.command, commands.Requeue):
+                # an idle report the source sent before this reaches it is stale
+                self.terminator.requeue_sent(s.stage)
         if handed_back and self.terminator.draining:
             # what the dead stages held went back to the source (requeued by the live
             # producers, or taken back by restarting ones: a Spark server's restart takes

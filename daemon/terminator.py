@@ -33,7 +33,17 @@ while draining is brought into the drain on its hello.
 
 Before the drain, with ``--until-idle``: every source idle (:class:`Idle` reports) is the
 signal to begin; a downstream stage's exit (a crash cascade) forgets what was said, since
-its messages come back to the source.
+its messages come back to the source.  A producer says idle with messages in flight (the
+drain finishes those), so its report and the cascade's requeue cross on the way: an idle
+report sent before the requeue reached the producer, taken after the exit, would begin a
+drain while what the requeue handed back (a poison message about to be failed) sits at
+the source.  So a source sent a requeue counts as not idle until it answers the requeue
+(its ``Idle(False)``, :meth:`requeue_sent`).
+
+Only the drain's own reports count: the stages a drain told to finish keep running until
+a run again restarts them, and their ``Done`` and ``Settled`` after :meth:`reset` speak of
+the drain that ended, not of the next one (taken, they ended it at once, with a crash's
+requeue still on its way).
 """
 
 from __future__ import annotations
@@ -67,6 +77,8 @@ class Terminator:
         self.settled: set[str] = set()
         #: stages told to drain that have not exited since (a run again restarts them)
         self.drained: set[str] = set()
+        #: sources sent a requeue that have not answered it yet (see :meth:`requeue_sent`)
+        self.owed: set[str] = set()
         self.adopt(topology)
 
     def adopt(self, topology: Topology) -> None:
@@ -88,8 +100,21 @@ class Terminator:
     def idle_report(self, stage_id: str, idle: bool) -> bool:
         """A source's idleness changed; True when every source is idle (``--until-idle``
         begins the drain then)."""
+        if stage_id in self.owed:
+            if idle:
+                return False        # said before our requeue reached it: stale
+            self.owed.discard(stage_id)
         self.idle[stage_id] = idle
         return bool(self.sources) and all(self.idle.get(p) for p in self.sources)
+
+    def requeue_sent(self, stage_id: str) -> None:
+        """A crash's requeue went to the source ``stage_id``: what it had in flight is back
+        at the source (a poison message among it, to be failed on its next delivery), so
+        it is not idle, whatever it said before.  Its answer, ``Idle(False)`` sent once it
+        has requeued, ends that (the reports of one stage arrive in order: any later idle
+        report knows of the requeue); so does its restart (:meth:`hello`)."""
+        self.owed.add(stage_id)
+        self.idle.pop(stage_id, None)
 
     def exited(self, stage_id: str) -> None:
         """A worker exited: if it held messages (downstream, or the Spark server its
@@ -113,16 +138,20 @@ class Terminator:
         return out
 
     def hello(self, stage_id: str) -> list[Send]:
-        """A stage (re)started: during the drain it is brought into it too."""
+        """A stage (re)started: during the drain it is brought into it too.  A new
+        incarnation owes no answer to its predecessor's requeue."""
+        self.owed.discard(stage_id)
         return self._command(stage_id) if self.phase in WAITING else []
 
     def report_done(self, stage_id: str) -> None:
-        self.done.add(stage_id)
-        self._advance()
+        if self.phase in WAITING:     # else a drained stage of a drain that ended
+            self.done.add(stage_id)
+            self._advance()
 
     def report_settled(self, stage_id: str) -> None:
-        self.settled.add(stage_id)
-        self._advance()
+        if self.phase in WAITING:     # else a drained source of a drain that ended
+            self.settled.add(stage_id)
+            self._advance()
 
     def requeued(self) -> None:
         """A crash cascade handed messages back to the source: the drain cannot complete."""

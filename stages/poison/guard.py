@@ -27,6 +27,15 @@ producer calls them unconditionally and knows nothing of strikes, watches or qua
 Memory is bounded twice: an id is forgotten as soon as its message settles (acked or
 failed), and past ``cap`` ids the oldest are dropped, so ids whose messages never come
 back (expired at the broker, taken by another consumer) cannot grow the table.
+
+What the crashes taught (strikes and isolated ids, :meth:`PoisonGuard.books`) must outlive
+the producer process: under ``--until-idle`` a crash during the drain makes the daemon
+restart the producers to run again, and a poison message in flight when a drain begins
+(a producer is idle with messages in flight) crashes in every drain.  With the count
+starting from zero in each new producer it never reached ``max_crashes``: run again after
+run again, until the pipeline's restart intensity ended the daemon.  The producer keeps
+the books in a file (:mod:`.books`), and its successor takes them back
+(:meth:`PoisonGuard.restore`).
 """
 
 from __future__ import annotations
@@ -114,9 +123,21 @@ class StrikeTable:
         times = "once" if rec.crashes == 1 else f"{rec.crashes} times"
         return f"{POISON_REASON}killed a processor {times} (last: {rec.last.child} {rec.last.how})"
 
-    def forget(self, msg_id: str) -> None:
-        """The message settled: its crashes no longer matter."""
-        self._table.pop(msg_id, None)
+    def forget(self, msg_id: str) -> bool:
+        """The message settled: its crashes no longer matter.  False if none were known."""
+        return self._table.pop(msg_id, None) is not None
+
+    def records(self) -> list[tuple[str, Record]]:
+        """Every struck id with its record, oldest first (the order the cap drops them)."""
+        return list(self._table.items())
+
+    def restore(self, msg_id: str, crashes: int, last: Blame) -> None:
+        """A record a previous producer of ours kept (:meth:`PoisonGuard.restore`)."""
+        if self.limit and crashes > 0:
+            self._table[msg_id] = Record(crashes, last)
+            while len(self._table) > self.cap:
+                self._table.popitem(last=False)
+                self.evicted += 1
 
 
 @dataclass(frozen=True)
@@ -148,6 +169,9 @@ class PoisonGuard:
         #: suspects are kept back until the daemon's ``release_suspects``
         self.quarantine = False
         self.cap = cap
+        #: bumped whenever the books (strikes, isolated ids) change: the producer writes
+        #: them out then (:meth:`books`), not on every settle
+        self.revision = 0
 
     def __len__(self) -> int:
         """Suspects known (struck or isolated ids)."""
@@ -170,11 +194,13 @@ class PoisonGuard:
         if blame.kind == "handle_message" or (len(suspects) == 1 and blame.frame_size == 1):
             msg_id = suspects[0].id
             n = self.strikes.strike(msg_id, blame)
+            self.revision += 1
             poison = self.strikes.verdict(msg_id) is not None
             return Verdict("poison" if poison else "struck", msg_id, n)
         if len(self.isolate) + len(suspects) > self.cap:
             self.isolate.clear()
         self.isolate.update(s.id for s in suspects)
+        self.revision += 1
         return Verdict("isolated")
 
     def mark(self, events: list[list], failed: dict[int, str]) -> None:
@@ -228,8 +254,10 @@ class PoisonGuard:
                 continue
             if t in fails and in_flight(t) and self.strikes.verdict(msg_id):
                 poison += 1
-            self.strikes.forget(msg_id)
-            self.isolate.discard(msg_id)
+            struck = self.strikes.forget(msg_id)
+            if struck or msg_id in self.isolate:
+                self.isolate.discard(msg_id)
+                self.revision += 1
         return poison
 
     def requeued(self, quarantine: bool) -> None:
@@ -242,6 +270,34 @@ class PoisonGuard:
     def release(self) -> None:
         """The processors are back: suspects may run again (one per frame)."""
         self.quarantine = False
+
+    def books(self) -> dict:
+        """What the crashes taught, as plain data (the file of :mod:`.books`): each struck
+        id with its crashes and the last crash's processor and end (the verdict names
+        them), and the isolated ids."""
+        return {"strikes": [[msg_id, rec.crashes, rec.last.kind, rec.last.child, rec.last.how]
+                            for msg_id, rec in self.strikes.records()],
+                "isolate": sorted(self.isolate)}
+
+    def restore(self, books: dict) -> int:
+        """A previous producer's :meth:`books` (the same producer index, the same daemon
+        run): its crashes count here, so a message keeps the count it reached.  Entries
+        that do not check are left out.  Returns how many ids were taken."""
+        if not self.strikes.limit:
+            return 0
+        taken = 0
+        for entry in books.get("strikes") or ():
+            try:
+                msg_id, crashes, kind, child, how = entry
+            except (TypeError, ValueError):
+                continue
+            if isinstance(msg_id, str) and isinstance(crashes, int) and crashes > 0:
+                self.strikes.restore(msg_id, crashes, Blame(str(kind), (), 1, str(child),
+                                                            str(how)))
+                taken += 1
+        ids = [i for i in books.get("isolate") or () if isinstance(i, str)]
+        self.isolate.update(ids[:self.cap])
+        return taken + len(ids[:self.cap])
 
     # -- the producer's fixed points ------------------------------------------------------
     def on_fetched(self, events: list[list], failed: dict[int, str]) -> None:

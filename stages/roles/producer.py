@@ -31,6 +31,7 @@ from ..flow.dispatch import (
 )
 from ..flow.inflight import InFlightTable
 from ..flow.ratelimit import SharedRateLimit
+from ..poison import books
 from ..poison.guard import PoisonGuard
 from ..runtime.handler import load_handler
 from ..runtime.spec import StageSpec
@@ -81,6 +82,10 @@ class ProducerStage(Stage):
         self.next_token = self.first_token = time.time_ns()
         #: crashes blamed per message, suspects and their quarantine (:mod:`.poison.guard`)
         self.poison = PoisonGuard(spec.max_crashes, stage_id=spec.id)
+        #: where the guard's books outlive this process (:mod:`.poison.books`), and the
+        #: guard's revision last written there
+        self._books_path = books.path(spec.runtime_dir, spec.id)
+        self._books_revision = 0
         self.draining = False
         self.paused = False
         self._retry_pending = False
@@ -99,6 +104,13 @@ class ProducerStage(Stage):
     def setup(self) -> None:
         #: the pipeline's shared rate limit (:mod:`.ratelimit`), when the daemon made one
         self.rate = SharedRateLimit.attach(self.spec.runtime_dir)
+        # before the first fetch: a message our predecessor saw crash keeps its count
+        if self.spec.max_crashes:
+            kept = self.poison.restore(books.load(self._books_path))
+            if kept:
+                log.info("%s: %d suspect message(s) kept from this producer's previous "
+                         "incarnation (crashes counted on)", self.id, kept)
+            self._books_revision = self.poison.revision
         self.source.open()
         self.downstream = Downstream(self, self.dispatcher, self._on_frame, self._on_burst,
                                      self._on_return)
@@ -171,6 +183,7 @@ class ProducerStage(Stage):
 
     def _settle(self, ok: list, failed: list) -> None:
         self.poison.on_settled(ok, failed, self.inflight.__contains__)
+        self._keep_books()
         if self._failed:
             self._forget_failed(ok, failed)
         handles, failures = self.inflight.settle(ok, failed)
@@ -371,6 +384,7 @@ class ProducerStage(Stage):
         (the processors are restarting).
         """
         self.poison.on_requeue(command.blame, command.quarantine, self._ours)
+        self._keep_books()
         self._failed.clear()       # every failed one is requeued: the source has them back
         # buffered events are in flight too: the source has them back, so sending them
         # now would run them twice (and a kept-back suspect, no longer watched, unisolated)
@@ -381,7 +395,19 @@ class ProducerStage(Stage):
             self.counters["requeued"] += len(handles)
             log.info("%s: requeued %d in-flight messages (%s)", self.id, len(handles),
                      command.reason)
+        # the answer the daemon waits for (:meth:`Terminator.requeue_sent`): an idle report
+        # of ours on its way may predate this requeue; from here on, ours know of it.  Not
+        # idle now (what went back is at the source), the next tick says what is true
+        self._idle = False
+        self.report(commands.Idle(False))
         self.pump()
+
+    def _keep_books(self) -> None:
+        """The guard's books changed (a crash, a suspect settled): write them for this
+        producer's successor (:mod:`.poison.books`)."""
+        if self.poison.revision != self._books_revision:
+            self._books_revision = self.poison.revision
+            books.save(self._books_path, self.poison.books())
 
     def _on_release_suspects(self, _: commands.ReleaseSuspects) -> None:
         """The processors are back after a crash: suspects may run again (one per frame)."""

@@ -108,6 +108,27 @@ def test_exhausted_flips_back_when_a_message_arrives(rabbit: Rabbit, sources: An
     wait_until(src.exhausted, timeout=20, message="exhausted again")
 
 
+def test_a_requeue_is_not_exhausted_until_it_comes_back(rabbit: Rabbit, sources: Any) -> None:
+    """The last message in flight (a poison about to be failed), the queue confirmed empty:
+    the producer hands it back after a crash.  Until the I/O thread has sent that requeue
+    the queue still looks empty to the probe, and an idle report then began the drain that
+    left the message ready in the queue; from the requeue on, the source is not exhausted
+    until the message came back and was settled."""
+    q = rabbit.queue()
+    rabbit.publish(q, 1)
+    src = make(q, sources)
+    got: list = []
+    consume(src, 1, got.extend)
+    wait_until(src.exhausted, timeout=20, message="in flight, the queue empty")
+    src.requeue([h for *_, h in got])
+    assert not src.exhausted()                     # at once, not after a probe
+    again: list = []
+    consume(src, 1, again.extend)
+    assert [m for m, *_ in again] == [m for m, *_ in got]
+    ack_all(src)(again)
+    wait_until(src.exhausted, timeout=20, message="exhausted once it is settled")
+
+
 # -- failure policies -----------------------------------------------------------------------
 @pytest.mark.parametrize("policy", ["reject", "reject_and_requeue_once", "requeue",
                                     "reject_and_requeue"])

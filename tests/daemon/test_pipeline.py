@@ -104,3 +104,42 @@ def test_a_config_with_other_values_builds_another_topology() -> None:
     state = _state()
     again = state.wire(dataclasses.replace(state.config))
     assert again.stages == state.topology.stages and again is not state.topology
+
+
+def test_an_idle_report_that_crossed_a_crash_requeue_begins_no_drain() -> None:
+    """A producer is idle with messages in flight (the drain finishes those); a processor
+    dies running one, and the producer's idle report, sent before the cascade's requeue
+    reached it, is taken after the requeue went out.  Taken, it began a drain that paused
+    the source with the requeued message (a poison on its way to the dead letters) back in
+    the queue: ``--until-idle`` ended with it there.  It is not taken until the producer
+    answers the requeue (``Idle(False)``, then its next tick says idle again)."""
+    from offbroadway.supervision import ChildExited, ChildStarted, Restarting
+
+    state = _state(_config())
+    t = state.topology
+    for sid in t.stages:
+        state.supervision(ChildStarted("sup", sid, 1))
+    assert not state.report("producer_0", commands.Idle(idle=True)).idle
+    # the crash cascade: a processor dies, its siblings and the batchers are stopped
+    state.supervision(ChildExited("sup", "processor_default_0", 2, "killed by SIGSEGV", False))
+    for sid in t.stages:
+        if sid not in t.producers and sid != "processor_default_0":
+            state.supervision(ChildExited("sup", sid, 3, "stopped", True))
+    sends = state.supervision(Restarting("PipelineSupervisor", ("ProcessorSupervisor",
+                                                                "BatchersSupervisor"), "x")).sends
+    assert sorted(s.stage for s in sends if isinstance(s.command, commands.Requeue)) == \
+        sorted(t.producers)
+    # producer_1's report crossed the requeue; producer_0's too: neither is taken
+    assert not state.report("producer_1", commands.Idle(idle=True)).idle
+    assert not state.report("producer_0", commands.Idle(idle=True)).idle
+    # both answer the requeue, then say idle when they are
+    for p in t.producers:
+        assert not state.report(p, commands.Idle(idle=False)).idle
+    assert not state.report("producer_0", commands.Idle(idle=True)).idle
+    assert state.report("producer_1", commands.Idle(idle=True)).idle
+    # a producer restarted instead owes its predecessor's answer to nobody
+    state.supervision(ChildExited("sup", "processor_default_1", 4, "killed", False))
+    state.supervision(Restarting("PipelineSupervisor", ("ProcessorSupervisor",), "x"))
+    state.report("producer_0", commands.Hello(pid=5))
+    assert not state.report("producer_0", commands.Idle(idle=True)).idle
+    assert not state.report("producer_1", commands.Idle(idle=True)).idle    # owes still

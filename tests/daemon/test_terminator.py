@@ -226,3 +226,29 @@ def test_a_resize_changes_whom_the_drain_tells_and_waits_for() -> None:
     term.report_done("batch_processor_b_2")
     term.report_settled("producer_0")
     assert term.phase is Phase.COMPLETE
+
+
+def test_a_run_again_waits_for_the_reports_of_its_own_drain() -> None:
+    """A requeued drain leaves its drained stages running until the run again restarts
+    them, and they report ``Done`` and ``Settled`` of the drain that ended (a processor
+    whose producer cancelled it, a producer whose requeue emptied its in-flight table).
+    Counted, they ended the next drain at the moment it began, while the message a crash
+    had requeued was still on its way: exit 1 with it unacked.  The next drain waits for
+    reports sent in it."""
+    t = _topology(batchers=0)
+    term = Terminator(t)
+    term.begin()
+    term.requeued()
+    term.reset()
+    for s in t.processors:                         # the drain that ended, late
+        term.report_done(s)
+    for p in t.producers:
+        term.report_settled(p)
+    term.begin()
+    assert term.phase is Phase.FINISHING and not term.done and not term.settled
+    for s in t.processors:
+        term.report_done(s)
+    assert term.phase is Phase.SETTLING
+    for p in t.producers:
+        term.report_settled(p)
+    assert term.phase is Phase.COMPLETE

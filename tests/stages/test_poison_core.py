@@ -243,6 +243,48 @@ def test_the_guard_strikes_isolates_quarantines_and_forgets() -> None:
     assert PoisonGuard(max_crashes=0).blame(segv, ours) is None
 
 
+def test_the_books_carry_a_guards_strikes_and_isolated_ids_to_its_successor(
+        tmp_path: Path) -> None:
+    """What a producer's crashes taught, written to its books and read by the next
+    incarnation: counts, the last crash's names for the verdict, isolated ids.  A file
+    that does not read is no books; the daemon's start clears them (books are per run)."""
+    from offbroadway.stages.poison import books
+    from offbroadway.stages.poison.guard import PoisonGuard
+
+    guard = PoisonGuard(max_crashes=3)
+    ours = {1, 2, 3}.__contains__
+    guard.blame(crash("processor_default_1", "killed by SIGSEGV", (1, "m-a")), ours)
+    guard.blame(crash("processor_default_0", "exited with code 3", (2, "m-a")), ours)
+    guard.blame(crash("processor_default_0", "killed", (3, "m-x"), (1, "m-y"),
+                      kind="prepare_messages", frame_size=2), ours)
+    assert guard.revision == 3
+    path = books.path(str(tmp_path), "producer_0")
+    books.save(path, guard.books())
+    assert os.stat(path).st_mode & 0o777 == 0o600
+
+    successor = PoisonGuard(max_crashes=3)
+    assert successor.restore(books.load(path)) == 3
+    assert successor.strikes.crashes("m-a") == 2 and successor.isolate == {"m-x", "m-y"}
+    successor.blame(crash("processor_default_1", "killed by SIGKILL", (7, "m-a")), {7}.__contains__)
+    assert successor.strikes.verdict("m-a") == (
+        "poison message: killed a processor 3 times (last: processor_default_1 killed by "
+        "SIGKILL)")
+    # off: nothing taken; garbage: no books, never an error
+    assert PoisonGuard(max_crashes=0).restore(books.load(path)) == 0
+    assert PoisonGuard(max_crashes=3).restore(
+        {"strikes": [["m-a"], [1, 2, "k", "c", "h"], ["m-b", -1, "k", "c", "h"]],
+         "isolate": [3, "m-z"]}) == 1
+    Path(path).write_text("{not json")
+    assert books.load(path) == {}
+    Path(path).write_text("[1, 2]")
+    assert books.load(path) == {}
+    books.save(path, PoisonGuard(max_crashes=3).books())     # no books: no file
+    assert not os.path.exists(path) and books.load(path) == {}
+    books.save(path, guard.books())
+    books.clear(str(tmp_path))
+    assert not os.path.exists(path)
+
+
 def test_the_producer_calls_the_guard_at_five_fixed_points(caplog) -> None:
     """The hooks the producer calls unconditionally: pass-throughs while nothing is
     suspect; a blame logs and counts itself; quarantine, release, poison and its

@@ -79,6 +79,55 @@ def test_producer_fails_what_its_source_hands_over_failed(tmp_path: Path) -> Non
     assert stage._failed == {first + 1: "not JSON", first + 2: "too big"}
 
 
+def test_a_restarted_producer_counts_a_poison_messages_crashes_on(tmp_path: Path) -> None:
+    """Under ``--until-idle`` a crash during the drain restarts the producers to run again,
+    and a poison message in flight when a drain begins crashes in each drain.  A new
+    producer that counted from zero never reached ``max_crashes``: run again after run
+    again, until the restart intensity ended the daemon (exit 1, the poison unacked).  The
+    count carries over (the books in the runtime dir); the producer answers each requeue
+    with ``Idle(False)`` (the daemon takes no idle report of its from before it)."""
+    from offbroadway.stages.poison import books
+    from offbroadway.stages.wire.commands import Blame, Suspect
+
+    spec = StageSpec("producer_0", "producer", "t", str(tmp_path), source="generator",
+                     source_options={"count": 1}, consumer_count=1, max_crashes=2)
+
+    def incarnation() -> tuple[ProducerStage, FakeIO]:
+        io = FakeIO()
+        stage = ProducerStage(spec, io)
+        stage.setup()
+        return stage, io
+
+    def crash_running_it(stage: ProducerStage) -> str:
+        [ev] = stage._to_events(stage.source.fetch(1))
+        blame = Blame("handle_message", (Suspect(0, P.event_token(ev), P.event_id(ev)),), 1,
+                      "processor_default_0", "killed by SIGSEGV")
+        stage._on_requeue(commands.Requeue("processor_default_0 down", blame, False))
+        return P.event_id(ev)
+
+    first, io = incarnation()
+    poison = crash_running_it(first)
+    assert first.poison.strikes.crashes(poison) == 1
+    reports = [P.decode(f) for f in io.hub_sock.sent]
+    assert [r[1:] for r in reports if r[1] == "idle"][-1] == ["idle", {"idle": False}]
+
+    second, _ = incarnation()                       # the run again's producer
+    assert second.poison.strikes.crashes(poison) == 1
+    assert crash_running_it(second) == poison
+    assert second.poison.strikes.crashes(poison) == 2
+
+    third, _ = incarnation()
+    [ev] = third._to_events(third.source.fetch(1))
+    why = third._failed[P.event_token(ev)]
+    assert why.startswith("poison message: killed a processor 2 times (last: "
+                          "processor_default_0 killed by SIGSEGV)")
+    third._settle([], [[P.event_token(ev), why]])   # dead-lettered: the books close
+    assert third.poison.failed == 1 and len(third.poison) == 0
+    assert not Path(books.path(str(tmp_path), "producer_0")).exists()
+    fourth, _ = incarnation()
+    assert len(fourth.poison) == 0
+
+
 def test_processor_runs_the_handler_and_acks_each_message_to_its_producer(
         tmp_path: Path) -> None:
     spec = StageSpec("processor_default_0", "processor", "t", str(tmp_path),

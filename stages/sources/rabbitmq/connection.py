@@ -90,6 +90,9 @@ class Consumer:
         self.commands: deque[tuple[str, Any]] = deque()
         self._wake_pending = False
         self.paused = False
+        #: requeues asked (producer thread) and taken over by the I/O thread: while they
+        #: differ, the probe's "empty" predates messages on their way back to the queue
+        self.requeues_asked = self.requeues_taken = 0
         # I/O thread only
         self._conn: pika.BlockingConnection | None = None
         self._channel: Any = None
@@ -266,7 +269,10 @@ class Consumer:
             if self.settle.owed:
                 timeout = max(0.0, min(timeout, self.settle.send_acks(now)))
             mailbox.tend(now)
-            if self.probe.due(now, paused=self.paused, buffered=len(mailbox)):
+            # requeues the broker has not been told of (they go in bulk) are messages
+            # the queue will have again: no probe may call it empty before
+            if self.probe.due(now, paused=self.paused,
+                              buffered=len(mailbox) + len(self.settle.requeue_owed)):
                 self._probe()
             conn.process_data_events(time_limit=timeout)
         self._run_commands()
@@ -335,7 +341,16 @@ class Consumer:
             elif op == "fail":
                 settle.fail(arg)
             elif op == "requeue":
-                settle.requeue(arg)
+                try:
+                    settle.requeue(arg)
+                finally:
+                    # on their way back to the queue: an "empty" confirmed before says
+                    # nothing now, and no probe counts until the broker has been told
+                    # (_serve).  Reset, then counted: the producer thread reads in that
+                    # order.  Counted even if the channel died under it, or exhausted()
+                    # would wait for it forever (a lost connection resets the probe too)
+                    self.probe.delivered()
+                    self.requeues_taken += 1
             elif op == "pause" and self._channel is not None and self.paused:
                 self._stop_consuming()
             elif op == "resume" and self._channel is not None and not self.paused:

@@ -197,14 +197,21 @@ class RabbitMQSource(Source):
 
     def requeue(self, handles: list[Any]) -> None:
         if handles:
+            self._io.requeues_asked += 1
             self._io.command("requeue", handles)
 
     def exhausted(self) -> bool:
         """Nothing buffered and the broker confirmed the queue has no ready message
-        (:mod:`.probe`)."""
+        (:mod:`.probe`), after the last requeue we asked for.  The messages a requeue hands
+        back (a crash's, a poison on its way to the dead letters among them) are in no
+        queue until the broker is told (the I/O thread takes the requeue, then sends it
+        in bulk): a confirmation from before would call the queue empty, and the drain
+        that ``--until-idle`` begins on it would leave them there."""
         io = self._io
         io.probe.asked(time.monotonic())
         if self._mailbox is not None and len(self._mailbox):
+            return False
+        if io.requeues_taken != io.requeues_asked:
             return False
         return io.state == "connected" and io.probe.empty_confirmed
 
