@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from offbroadway.supervision.tree import snapshot_find
 
 from tests.brokers.conftest import TcpProxy, unique
 from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
@@ -47,13 +48,10 @@ def producer_connected(sock: Path) -> int | None:
     s = status(sock)
     if s is None:
         return None
-    stack = [s["tree"]]
-    while stack:
-        node = stack.pop()
-        if node["id"] == "producer_0":
-            return (node.get("messages") or {}).get("source_connected")
-        stack.extend(node["children"])
-    return None
+    node = snapshot_find(s["tree"], "producer_0")
+    if node is None:
+        return None
+    return (node.get("messages") or {}).get("source_connected")
 
 
 def max_lines(seconds: float) -> int:

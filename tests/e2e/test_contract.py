@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from offbroadway.daemon.outcome import EXIT_FAILED
+from offbroadway.supervision.tree import snapshot_find
 from offbroadway.testing import test_messages
 
 from tests.conftest import REPO, offbroadway_cmd, start_daemon, test_env, wait_until
@@ -132,13 +133,8 @@ def _status(sock: Path) -> dict:
 
 
 def _node(tree: dict, child_id: str) -> dict:
-    if tree.get("id") == child_id:
-        return tree
-    for c in tree.get("children", []):
-        hit = _node(c, child_id)
-        if hit:
-            return hit
-    return {}
+    """The node ``child_id`` of a status tree ({} if it has none)."""
+    return snapshot_find(tree, child_id) or {}
 
 
 def test_until_idle_waits_for_every_message_when_a_batch_processor_dies_in_the_drain(

@@ -13,6 +13,7 @@ from pathlib import Path
 import msgpack
 import zmq
 from offbroadway.stages.wire import protocol
+from offbroadway.supervision.tree import snapshot_nodes
 
 from tests.conftest import start_daemon, wait_until
 from tests.e2e.handlers import read_records
@@ -72,16 +73,9 @@ def test_stages_survive_and_count_hostile_frames(short_tmp: Path) -> None:
             out = cli("status", "--json", "--socket", str(run / "control.sock"))
             if out.returncode != 0:
                 return {}
-            counts = {}
-
-            def walk(node: dict) -> None:
-                if node["id"] in targets:
-                    counts[node["id"]] = node.get("messages", {}).get("malformed", 0)
-                for c in node["children"]:
-                    walk(c)
-
-            walk(json.loads(out.stdout)["tree"])
-            return counts
+            return {node["id"]: node.get("messages", {}).get("malformed", 0)
+                    for node in snapshot_nodes(json.loads(out.stdout)["tree"])
+                    if node["id"] in targets}
 
         counts = wait_until(lambda: (m := malformed()) and all(m.get(t, 0) > 0 for t in targets)
                             and m, timeout=30, message="the stages to count what they dropped")

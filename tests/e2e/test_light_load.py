@@ -17,6 +17,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from offbroadway.supervision.tree import snapshot_nodes
 
 from tests.conftest import start_daemon, wait_until
 from tests.e2e.light_handlers import read_jobs
@@ -46,16 +47,8 @@ def producer_demands(sock: Path) -> list[int]:
         status = control.request(str(sock), {"cmd": "status"}, timeout=5)["status"]
     except (control.ControlError, OSError, ValueError):
         return []
-    out: list[int] = []
-
-    def walk(node: dict) -> None:
-        if node["id"].startswith("producer_"):
-            out.append(node.get("messages", {}).get("demand", 0))
-        for child in node["children"]:
-            walk(child)
-
-    walk(status["tree"])
-    return out
+    return [node.get("messages", {}).get("demand", 0) for node in snapshot_nodes(status["tree"])
+            if node["id"].startswith("producer_")]
 
 
 def run_burst(tmp: Path, producers: int, processors: int, jobs: int,

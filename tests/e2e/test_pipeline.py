@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from offbroadway.daemon.outcome import EXIT_FAILED
+from offbroadway.supervision.tree import snapshot_nodes
 
 from tests.conftest import REPO, offbroadway_cmd, start_daemon, test_env, wait_until
 from tests.e2e.daemon_status import tree_nodes
@@ -174,16 +175,8 @@ def stage_pids(control_socket: Path) -> dict[str, int]:
     out = subprocess.run(offbroadway_cmd("status", "--json", "--socket", str(control_socket)),
                          cwd=REPO, env=test_env(), capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
-    pids: dict[str, int] = {}
-
-    def walk(node: dict) -> None:
-        if node["kind"] == "worker" and node["pid"]:
-            pids[node["id"]] = node["pid"]
-        for c in node["children"]:
-            walk(c)
-
-    walk(json.loads(out.stdout)["tree"])
-    return pids
+    return {node["id"]: node["pid"] for node in snapshot_nodes(json.loads(out.stdout)["tree"])
+            if node["kind"] == "worker" and node["pid"]}
 
 
 def test_sigterm_drains_everything_fetched_and_fetches_nothing_more(short_tmp: Path) -> None:

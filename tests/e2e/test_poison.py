@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from offbroadway.supervision.tree import snapshot_find
 
 from tests.conftest import REPO, offbroadway_cmd, start_daemon, test_env, wait_until
 from tests.e2e.handlers import read_records
@@ -54,16 +55,6 @@ def status(tmp: Path) -> dict:
     return json.loads(out.stdout)
 
 
-def find(node: dict, child_id: str) -> dict:
-    if node["id"] == child_id:
-        return node
-    for c in node["children"]:
-        hit = find(c, child_id) if isinstance(c, dict) else None
-        if hit:
-            return hit
-    return {}
-
-
 def dead_letters(tmp: Path) -> list[dict]:
     path = tmp / "state" / "spool" / "dead-letter.jsonl"
     if not path.exists():
@@ -91,8 +82,9 @@ def run_poisoned(tmp: Path, config: Path, poison_id: str, handled_prefix: str, *
         assert daemon.poll() is None, "the daemon gave up"
         # the producer's counters reach status (one stats tick later)
         producer = wait_until(
-            lambda: (p := find(status(tmp)["tree"], "producer_0").get("messages", {}))
-            .get("poison_failed") and p, timeout=10, message="producer counters")
+            lambda: (p := (snapshot_find(status(tmp)["tree"], "producer_0") or {})
+                     .get("messages", {})).get("poison_failed") and p,
+            timeout=10, message="producer counters")
         assert producer["poison_strikes"] == MAX_CRASHES
         assert producer["poison_failed"] == 1
     finally:

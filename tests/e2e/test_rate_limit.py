@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from offbroadway.stages.flow import ratelimit
+from offbroadway.supervision.tree import snapshot_find
 
 from tests.conftest import REPO, offbroadway_cmd, start_daemon, test_env, wait_until
 from tests.e2e.rate_handlers import stamps
@@ -75,8 +76,9 @@ def test_rate_limit_holds_changes_live_and_is_shown(short_tmp: Path) -> None:
         status = json.loads(cli("status", "--json", "--socket", sock).stdout)
         assert status["rate_limit"]["allowed_messages"] == 250
         assert status["rate_limit"]["throttled"] > 0
-        producers = [n for n in status["tree"]["children"] if n["id"] == "ProducerSupervisor"]
-        assert all(p["messages"]["in"] > 0 for p in producers[0]["children"]), \
+        supervisor = snapshot_find(status["tree"], "ProducerSupervisor")
+        assert supervisor is not None, status["tree"]
+        assert all(p["messages"]["in"] > 0 for p in supervisor["children"]), \
             "one producer took the whole budget"
         scrape = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
         assert b'offbroadway_rate_limit_allowed_messages{pipeline="e2e"} 250.0' in scrape

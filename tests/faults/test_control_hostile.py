@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psutil
 from offbroadway.daemon import control
+from offbroadway.supervision.tree import snapshot_find
 
 from tests.conftest import test_env, wait_until
 
@@ -175,13 +176,10 @@ def test_a_status_flood_is_answered_from_one_status_per_fifth_of_a_second(short_
         assert after["uptime"] != before["uptime"]
 
         def restarts(s: dict) -> int:
-            stack = [s["tree"]]
-            while stack:
-                node = stack.pop()
-                if node["id"] == "producer_0":
-                    return node["restarts"]
-                stack.extend(node["children"])
-            raise AssertionError("no producer_0")
+            node = snapshot_find(s["tree"], "producer_0")
+            if node is None:
+                raise AssertionError("no producer_0")
+            return node["restarts"]
         assert restarts(after) == restarts(before) + 1
         os.kill(daemon.pid, signal.SIGTERM)
         assert daemon.wait(60) == 0

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from offbroadway.supervision.tree import snapshot_find
 
 from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
 from tests.e2e.handlers import read_records
@@ -116,13 +117,10 @@ def status(sock: Path) -> dict | None:
 
 
 def producer(s: dict) -> dict:
-    stack = [s["tree"]]
-    while stack:
-        node = stack.pop()
-        if node["id"] == "producer_0":
-            return node
-        stack.extend(node["children"])
-    raise AssertionError("no producer_0")
+    node = snapshot_find(s["tree"], "producer_0")
+    if node is None:
+        raise AssertionError("no producer_0")
+    return node
 
 
 def run_full(short_tmp: Path, mnt: Path, *, state_on_tmpfs: bool) -> tuple[str, Path]:

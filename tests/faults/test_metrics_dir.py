@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from offbroadway.daemon import metrics
+from offbroadway.supervision.tree import snapshot_nodes
 
 from tests.conftest import REPO, free_port, test_env, wait_until
 
@@ -164,14 +165,8 @@ def _status(sock: str) -> dict:
 
 
 def _workers(tree: dict) -> dict[str, int]:
-    out = {}
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if node["kind"] == "worker" and node.get("pid"):
-            out[node["id"]] = node["pid"]
-        stack.extend(node.get("children", []))
-    return out
+    return {node["id"]: node["pid"] for node in snapshot_nodes(tree)
+            if node["kind"] == "worker" and node.get("pid")}
 
 
 @pytest.mark.slow
@@ -255,7 +250,7 @@ state_dir = "{short_tmp / 'state'}"
             # the victim back with a new pid, and the whole tree running
             wait_until(lambda v=victim, p=workers[victim]: (
                 _workers(_status(sock)["tree"]).get(v) not in (None, p)
-                and all(n["state"] == "running" for n in _nodes(_status(sock)["tree"]))),
+                and all(n["state"] == "running" for n in snapshot_nodes(_status(sock)["tree"]))),
                 timeout=60, interval=0.05, message=f"{victim} restarted ({i})")
             live = len(_workers(_status(sock)["tree"]))
             files = os.listdir(mdir)
@@ -263,7 +258,7 @@ state_dir = "{short_tmp / 'state'}"
             assert len(files) <= PER_PROCESS * (live + 4) + ARCHIVES, (i, sorted(files))
         time.sleep(2.5)
         after = counter_like(scrape(port))
-        restarts = sum(n.get("restarts", 0) for n in _nodes(_status(sock)["tree"])
+        restarts = sum(n.get("restarts", 0) for n in snapshot_nodes(_status(sock)["tree"])
                        if n["kind"] == "worker")
         assert restarts >= 200, restarts
         for key, value in before.items():
@@ -283,13 +278,3 @@ state_dir = "{short_tmp / 'state'}"
     text = (short_tmp / "daemon.log").read_text()
     assert "Traceback" not in text, text[-3000:]
     assert "cannot compact" not in text
-
-
-def _nodes(tree: dict) -> list[dict]:
-    out, stack = [], [tree]
-    while stack:
-        node = stack.pop()
-        out.append(node)
-        stack.extend(node.get("children", []))
-    return out
-

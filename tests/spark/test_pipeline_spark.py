@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from offbroadway.daemon.outcome import EXIT_FAILED
+from offbroadway.supervision.tree import snapshot_find, snapshot_nodes
 
 from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
 from tests.e2e.handlers import read_records
@@ -64,17 +65,10 @@ def status(control_socket: Path) -> dict:
 
 def stage_stats(st: dict) -> dict[str, dict]:
     """Stage id → the counters it last reported, from a status."""
-    found: dict[str, dict] = {}
-
-    def walk(node: dict) -> None:
-        if node.get("messages"):
-            found[node["id"]] = node["messages"]
-        for c in node["children"]:
-            walk(c)
-
-    if st:
-        walk(st["tree"])
-    return found
+    if not st:
+        return {}
+    return {node["id"]: node["messages"] for node in snapshot_nodes(st["tree"])
+            if node.get("messages")}
 
 
 def committing(control_socket: Path, committer: str) -> bool:
@@ -402,7 +396,7 @@ def kill_the_jvm_in_a_commit(config: Path, tmp: Path, n: int, *, draining: bool)
         st = wait_until(lambda: committing_now(sock, draining=draining), timeout=400,
                         interval=0.1, message=f"a committer in a Spark job "
                                               f"({'in the drain' if draining else 'mid-run'})")
-        the_jvm(next(c["pid"] for c in st["tree"]["children"] if c["id"] == "spark")).kill()
+        the_jvm(snapshot_find(st["tree"], "spark")["pid"]).kill()
         code = daemon.wait(600)
     finally:
         if daemon.poll() is None:

@@ -14,6 +14,7 @@ import re
 import time
 
 import pytest
+from offbroadway.supervision.tree import snapshot_find, snapshot_nodes
 
 from tests.conftest import REPO, free_port, wait_until
 from tests.systemd.conftest import HANDLERS
@@ -75,21 +76,15 @@ def status_json(machine: Machine, name: str) -> dict:
     return json.loads(out.stdout)
 
 
-def walk(node: dict):
-    yield node
-    for child in node.get("children", []):
-        yield from walk(child)
-
-
 def settled(machine: Machine, name: str) -> int:
     """acked + failed over the producers, from ``status --json``."""
     tree = status_json(machine, name)["tree"]
     return sum(n.get("messages", {}).get("acked", 0) + n.get("messages", {}).get("failed", 0)
-               for n in walk(tree) if n["id"].startswith("producer_"))
+               for n in snapshot_nodes(tree) if n["id"].startswith("producer_"))
 
 
 def stage_pids(machine: Machine, name: str) -> set[int]:
-    return {n["pid"] for n in walk(status_json(machine, name)["tree"]) if n.get("pid")}
+    return {n["pid"] for n in snapshot_nodes(status_json(machine, name)["tree"]) if n.get("pid")}
 
 
 def unit_pids(machine: Machine, unit: str) -> set[int]:
@@ -145,8 +140,8 @@ def test_spark_pipeline_ready_status_exposure_and_a_clean_stop(machine: Machine)
     assert machine.show(unit, "SubState")["SubState"] == "running"
     text = as_service_user(machine, "status --config /etc/offbroadway/orders.toml").stdout
     assert "spark" in text and "producer_0" in text, text
-    spark = [n for n in walk(status_json(machine, "orders")["tree"]) if n["id"] == "spark"]
-    assert spark and spark[0]["pid"] and spark[0]["state"] == "running", spark
+    spark = snapshot_find(status_json(machine, "orders")["tree"], "spark")
+    assert spark and spark["pid"] and spark["state"] == "running", spark
     wait_until(lambda: settled(machine, "orders") == LINES, timeout=180, interval=1,
                message=f"{LINES} orders settled")
 
