@@ -1,7 +1,10 @@
 """Run as ``python -m tests.faults.metrics_child DIR N``: forks N stage-like processes one
 after another, each publishing known counts through the stages' real metrics code
 (:class:`offbroadway.stages.runtime.metrics.StageMetrics`) and exiting; prints each child's pid
-once it has been reaped, so the test can tell the daemon's compaction about it."""
+once it has been reaped, so the test can tell the daemon's compaction about it, and
+forks the next one only when the test answers with a line: in lockstep, as the daemon
+compacts a stage's files before its supervisor starts the next incarnation (without it,
+a slow test fell behind and saw the files of several dead children at once)."""
 
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ def main() -> None:
             child(i)
         os.waitpid(pid, 0)
         print(pid, flush=True)
+        if not sys.stdin.readline():        # the test is gone
+            return
 
 
 if __name__ == "__main__":

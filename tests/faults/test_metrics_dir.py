@@ -92,11 +92,14 @@ def test_dead_processes_are_folded_into_archives_and_the_sums_hold(tmp_path: Pat
     try:
         child = subprocess.Popen([sys.executable, "-m", "tests.faults.metrics_child",
                                   str(path), str(n)], cwd=REPO, env=test_env(),
-                                 stdout=subprocess.PIPE, text=True)
-        assert child.stdout is not None
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert child.stdout is not None and child.stdin is not None
         for line in child.stdout:
             metrics.process_dead(int(line), str(path))
             most = max(most, len(os.listdir(path)))
+            child.stdin.write("next\n")      # the next child starts after the compaction
+            child.stdin.flush()
+        child.stdin.close()
         assert child.wait(60) == 0
         wait_until(lambda: scrapes[0] >= 20, timeout=30, message="20 scrapes")
     finally:
