@@ -99,6 +99,10 @@ def _process(handler: Pipeline, ok: list[Message], failed: list[Message], contex
                     m.status = f"prepare_messages {problem}"
                 failed.extend(given)
                 ok = []
+            else:
+                for g, p in zip(given, ok):
+                    if p is not g:
+                        _stands_in(p, g)
     done: list[Message] = []
     discarded: list[Message] = []
     handle = handler.handle_message
@@ -120,7 +124,10 @@ def _process(handler: Pipeline, ok: list[Message], failed: list[Message], contex
         if r.__class__ is not Message and not isinstance(r, Message):
             m.status = f"handle_message returned {type(r).__name__}, not a Message"
             failed.append(m)
-        elif r.status is not None:
+            continue
+        if r is not m:
+            _stands_in(r, m)
+        if r.status is not None:
             failed.append(r)
         elif batchers and r.batcher not in batchers:
             if r.batcher == DISCARD:
@@ -131,6 +138,15 @@ def _process(handler: Pipeline, ok: list[Message], failed: list[Message], contex
         else:
             done.append(r)
     return done, failed, discarded
+
+
+def _stands_in(new: Message, given: Message) -> None:
+    """A callback returned a message it built (``Message(m.id, new_data)``) where it was
+    given one: the new message stands in for the given one, so it takes the given one's
+    delivery envelope.  Without it the new message would be acked to nobody (its envelope
+    empty) and the given one would stay in flight for ever."""
+    new._origin = given._origin
+    new._token = given._token
 
 
 def _prepared_problem(given: list[Message], prepared: object) -> str | None:

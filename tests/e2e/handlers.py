@@ -195,3 +195,19 @@ class Contract(Recorder):
 
 def _exit_in(message: Message, callback: str) -> bool:
     return isinstance(message.data, dict) and message.data.get("exit_in") == callback
+
+
+class Rebuilds(Recorder):
+    """Returns messages it built itself, as users do: ``prepare_messages`` rebuilds those
+    with ``data["rebuild_in"] == "prepare"``, ``handle_message`` every other one."""
+
+    def prepare_messages(self, messages: list[Message], context) -> list[Message]:
+        return [Message(m.id, {**m.data, "prepared": True}, m.metadata)
+                if m.data.get("rebuild_in") == "prepare" else m for m in messages]
+
+    def handle_message(self, processor: str, message: Message, context) -> Message:
+        message = super().handle_message(processor, message, context)
+        if message.data.get("rebuild_in") == "prepare":
+            return message
+        return (Message(message.id, {**message.data, "rebuilt": True})
+                .put_batcher(message.batcher).put_batch_key(message.batch_key))

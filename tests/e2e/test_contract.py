@@ -76,6 +76,25 @@ def test_prepare_messages_dropping_a_message_fails_its_group_in_the_daemon(short
     assert _restarts(proc.stderr) == []
 
 
+def test_messages_a_handler_builds_itself_are_acked_for_the_ones_they_replace(
+        short_tmp: Path) -> None:
+    """``handle_message`` returning ``Message(m.id, new_data)`` (and ``prepare_messages``
+    returning rebuilt ones): the new messages are written and acked in place of the given
+    ones, so the run drains with nothing left in flight and exits 0."""
+    n = 120
+    _spool(short_tmp, [{"seq": i, "rebuild_in": "prepare" if i % 3 == 0 else "handle"}
+                       for i in range(n)])
+    config = make_config(short_tmp, handler="tests.e2e.handlers:Rebuilds", batchers={
+        "default": {"batch_size": 10, "batch_timeout": 0.1}}, shutdown_timeout=10.0)
+    proc = run_until_idle(config)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    handled = read_records(str(short_tmp / "out"), "batch-")
+    assert Counter(h["id"] for h in handled) == Counter(_id(i) for i in range(n))
+    assert read_records(str(short_tmp / "out"), "failed-") == []
+    assert not list((short_tmp / "spool").glob("*.jsonl"))
+    assert _restarts(proc.stderr) == []
+
+
 def test_prepare_messages_dropping_a_message_in_offbroadway_testing() -> None:
     import tempfile
 
