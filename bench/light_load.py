@@ -15,7 +15,8 @@ start-up order is not what is measured:
   from the start, so the bench pauses the producers (the operator's ``drain``) as soon as
   they are up, before the processors (started after them) can subscribe, and resumes
   them (``resume``) once every processor has placed its demand: arrival is the resume.
-  A run where a job started before the resume (the pause lost the race) is refused.
+  A run where a job started before the resume (the pause lost the race) measured
+  nothing: it is made again (at most three times), and said so.
 * ``spool``: one file per job renamed into the spool directory at arrival (names chosen
   so ``crc32(name) % producers`` gives every producer the same number of files, as the
   scenario wants the jobs spread over the producers), ``scan_interval`` 10 ms.
@@ -139,6 +140,15 @@ def _control(sock: str, cmd: str) -> None:
         raise RuntimeError(f"control command {cmd} refused")
 
 
+class LostRace(RuntimeError):
+    """The generator's producers were paused too late: a processor subscribed first and a
+    job ran before the arrival.  Nothing was measured; the run is made again."""
+
+
+#: how many times a run whose pause lost the race is made again before the bench gives up
+RACE_RETRIES = 3
+
+
 def _pause_producers(sock: str, producers: int, deadline: float) -> None:
     """Pause the producers the moment they are all running: the processors start only
     after them, so no processor has asked yet."""
@@ -247,7 +257,7 @@ def run_once(source: str, producers: int, processors: int, jobs: int, job_second
         shutil.rmtree(tmp, ignore_errors=True)
     waits = sorted(r["start"] - arrival for r in records)
     if waits[0] < 0:
-        raise RuntimeError("a job started before it arrived (the pause lost the race)")
+        raise LostRace("a job started before it arrived (the pause lost the race)")
     return {
         "makespan": max(r["end"] for r in records) - arrival,
         "distinct_processors": len({r["pid"] for r in records}),
@@ -292,8 +302,16 @@ def main() -> None:
         for producers in args.producers:
             for rep in range(args.repeat):
                 for dispatcher in args.dispatcher:
-                    r = run_once(source, producers, args.processors, args.jobs,
-                                 args.job_seconds, dispatcher)
+                    for attempt in range(RACE_RETRIES + 1):
+                        try:
+                            r = run_once(source, producers, args.processors, args.jobs,
+                                         args.job_seconds, dispatcher)
+                            break
+                        except LostRace as exc:
+                            if attempt == RACE_RETRIES:
+                                raise
+                            print(f"{source} producers={producers}: {exc}; run again",
+                                  file=sys.stderr)
                     ideal = -(-args.jobs // args.processors) * args.job_seconds
                     r.update(source=source, producers=producers, dispatcher=dispatcher,
                              repeat=rep, makespan_ideal=ideal,
