@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,24 @@ def start_daemon(tmp: Path, config: Path, *args: str, stdout: Any = subprocess.P
     return subprocess.Popen([sys.executable, "-m", "offbroadway.daemon.cli", "run",
                              str(config), *args], cwd=tmp, env=env, stdout=stdout,
                             stderr=subprocess.PIPE, text=True)
+
+
+def wait_alive(what: str, predicate: Callable[[], Any], timeout: float, interval: float,
+               proc: subprocess.Popen | None, abort: type[Exception]) -> Any:
+    """Poll ``predicate`` until it is truthy and return its value.  A daemon (``proc``)
+    that exits meanwhile, or ``timeout`` passing, ends the wait with ``abort``: a bench
+    that waits on a dead daemon would only time out, later and saying less."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if proc is None or proc.poll() is not None:
+            raise abort(f"the daemon exited with {proc and proc.returncode} while waiting "
+                        f"for {what}")
+        if time.monotonic() > deadline:
+            raise abort(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
 
 
 def status(sock: str) -> dict | None:

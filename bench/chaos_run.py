@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from benchlib import wait_alive
 from chaos_books import classify_exits, compare_restarts, gave_up, output_check, restarts_of
 from chaos_plan import (
     KINDS,
@@ -320,17 +321,7 @@ class ChaosRun:
     def wait_for(self, what: str, predicate: Callable[[], Any], timeout: float,
                  interval: float = 0.2) -> Any:
         """Poll ``predicate`` until truthy; a daemon that exits meanwhile ends the wait."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return value
-            if not self.daemon_alive():
-                raise ChaosAbort(f"the daemon exited with {self.proc and self.proc.returncode} "
-                                 f"while waiting for {what}")
-            if time.monotonic() > deadline:
-                raise ChaosAbort(f"timed out after {timeout:.0f}s waiting for {what}")
-            time.sleep(interval)
+        return wait_alive(what, predicate, timeout, interval, self.proc, ChaosAbort)
 
     def progress(self) -> float:
         try:

@@ -65,7 +65,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import chaos
-from benchlib import free_port
+from benchlib import free_port, wait_alive
 from offbroadway.supervision.tree import snapshot_find, snapshot_nodes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -399,17 +399,7 @@ state_dir = "{self.state_dir}"
 
     def wait_for(self, what: str, predicate: Callable[[], Any], timeout: float,
                  interval: float = 0.5) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return value
-            if not self.alive():
-                raise SoakAbort(f"the daemon exited ({self.proc and self.proc.returncode}) "
-                                f"while waiting for {what}")
-            if time.monotonic() > deadline:
-                raise SoakAbort(f"timed out after {timeout:.0f}s waiting for {what}")
-            time.sleep(interval)
+        return wait_alive(what, predicate, timeout, interval, self.proc, SoakAbort)
 
     def now(self) -> float:
         return time.monotonic() - self.t0
