@@ -44,6 +44,7 @@ from offbroadway.daemon import control
 
 kind, pace = sys.argv[1], float(sys.argv[2])
 target = sys.stdin.readline().strip()      # started before the daemon: told where it is
+cpu0 = time.process_time()                 # its own start-up is not what it costs
 ok = failed = 0
 slowest = 0.0
 t0 = time.monotonic()
@@ -67,7 +68,7 @@ while not select.select([sys.stdin], [], [], 0)[0]:
         time.sleep(0.01)      # the daemon not up yet, or gone: do not spin
 elapsed = time.monotonic() - t0
 print(json.dumps({"kind": kind, "ok": ok, "failed": failed, "per_s": ok / elapsed,
-                  "slowest_ms": slowest * 1000}))
+                  "slowest_ms": slowest * 1000, "cores": (time.process_time() - cpu0) / elapsed}))
 '''
 
 
@@ -93,10 +94,12 @@ def neighbours(status_rate: float, scrape_every: float, port: int
             p.stdin.flush()
 
         def end() -> dict:
-            out: dict = {"status_per_s": 0.0, "status_failed": 0, "status_slowest_ms": 0.0}
+            out: dict = {"status_per_s": 0.0, "status_failed": 0, "status_slowest_ms": 0.0,
+                         "clients_cores": 0.0}
             for p in procs:
                 stdout, _ = p.communicate("x", timeout=60)
                 fig = json.loads(stdout.strip().splitlines()[-1])
+                out["clients_cores"] += fig["cores"]
                 if fig["kind"] == "status":
                     out["status_per_s"] += fig["per_s"]
                     out["status_failed"] += fig["failed"]
@@ -118,6 +121,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     rates: dict[str, list[float]] = {"quiet": [], "hostile": []}
+    #: per run, CPU µs per message: the stages', the daemon's, the neighbour clients'
+    cost: dict[str, list[dict[str, float]]] = {"quiet": [], "hostile": []}
     runs = []
     print(f"load before: {os.getloadavg()}")
     for r in range(args.repeat):
@@ -129,22 +134,35 @@ def main() -> None:
             res = daemon_run(args.messages, 16, "spread", listen=f"127.0.0.1:{port}",
                              beside=beside)
             rates[label].append(res["rate"])
-            runs.append({"round": r, "label": label, "rate": res["rate"],
-                         "beside": res.get("beside"), "load": os.getloadavg()})
+            cpu = {"stages": res["cpu_us_per_message_total"],
+                   "daemon": res["daemon_us_per_message"]}
             extra = ""
             if res.get("beside"):
                 b = res["beside"]
+                # the clients' CPU over their life, as µs per message at this run's rate
+                cpu["clients"] = b["clients_cores"] * 1e6 / res["rate"]
                 extra = (f"  status {b['status_per_s']:.0f}/s (failed {b['status_failed']}, "
                          f"slowest {b['status_slowest_ms']:.0f} ms), scrapes "
                          f"{b.get('scrapes_per_s', 0):.1f}/s (slowest "
-                         f"{b.get('scrape_slowest_ms', 0):.0f} ms)")
+                         f"{b.get('scrape_slowest_ms', 0):.0f} ms), clients "
+                         f"{b['clients_cores']:.3f} cores")
+            cost[label].append(cpu)
+            runs.append({"round": r, "label": label, "rate": res["rate"], "cpu_us": cpu,
+                         "cpu_us_per_role": res["cpu_us_per_message"],
+                         "beside": res.get("beside"), "load": os.getloadavg()})
             print(f"round {r} {label:8} {res['rate']:>10,.0f} msg/s  load "
-                  f"{os.getloadavg()[0]:.1f}{extra}", flush=True)
+                  f"{os.getloadavg()[0]:.1f}  CPU µs/msg: "
+                  f"{', '.join(f'{k} {v:.2f}' for k, v in cpu.items())}{extra}", flush=True)
     q, h = statistics.median(rates["quiet"]), statistics.median(rates["hostile"])
     ratios = [hh / qq for qq, hh in zip(rates["quiet"], rates["hostile"])]
     print(f"median quiet {q:,.0f} msg/s, hostile {h:,.0f} msg/s: ratio {h / q:.3f}; "
           f"per-round ratios {', '.join(f'{x:.3f}' for x in ratios)}; load after "
           f"{os.getloadavg()}")
+    for part in ("stages", "daemon", "clients"):
+        mq = statistics.median(c.get(part, 0.0) for c in cost["quiet"])
+        mh = statistics.median(c.get(part, 0.0) for c in cost["hostile"])
+        print(f"CPU µs per message, {part}: quiet {mq:.2f}, with neighbours {mh:.2f} "
+              f"({mh - mq:+.2f})")
     if args.json:
         args.json.write_text(json.dumps({"runs": runs, "median_quiet": q, "median_hostile": h,
                                          "ratio": h / q, "round_ratios": ratios}, indent=1))

@@ -27,7 +27,7 @@ from offbroadway.stages.poison import books as poison_books
 from offbroadway.stages.wire import commands
 from offbroadway.supervision import ChildExited, Supervisor
 
-from . import control, metrics, reloader, runlock, web
+from . import control, control_server, metrics, reloader, runlock, web
 from .config import Config
 from .drainer import Drainer
 from .hub import Hub
@@ -180,8 +180,8 @@ class Daemon:
             loop.add_signal_handler(sig, self.request_stop, sig.name)
         loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
         name = self.config.pipeline.name
-        self.control = await control.serve(os.path.join(rt.dir, control.CONTROL_SOCKET),
-                                           self.operator.handle)
+        self.control = await control_server.serve(
+            os.path.join(rt.dir, control.CONTROL_SOCKET), self.operator.handle)
         try:
             self.notifier.status(f"starting pipeline {name}")
             if not await self._start_unless_stopped():

@@ -192,7 +192,7 @@ class SharedScrape:
 
 
 #: scrapes this close together share one answer (see :class:`SharedScrape`)
-SCRAPE_SHARED_FOR = 0.5
+SCRAPE_SHARED_FOR = 1.0
 
 
 def serve(listen: str, path: str, pipeline: str, snapshot: Callable[[], dict], *,
