@@ -2,7 +2,7 @@
 
 Stages write their counters, gauges and histograms into ``PROMETHEUS_MULTIPROC_DIR``
 (``offbroadway.stages.runtime.metrics``); the daemon aggregates them at scrape time and adds what
-only it knows, computed fresh per scrape from the supervision tree and psutil
+only it knows, computed fresh per scrape from the supervision tree and /proc
 (:func:`.status.usage`, the walk ``status`` uses too): children up, restarts, RSS and CPU
 per child.  The directory is wiped when the daemon starts (files of a previous run would
 otherwise be summed in), and a dead child's files are folded into per-type archives
@@ -155,11 +155,13 @@ class RateLimitCollector:
 class SharedScrape:
     """The metrics app, its answers shared by scrapes within :data:`SCRAPE_SHARED_FOR`.
 
-    A scrape costs the daemon about 8 ms of CPU (reading the stages' files, psutil per
-    child, the text of ~150 samples): a scraper every 100 ms took most of a tenth of a
-    core from a two-core machine's pipeline.  The stages publish once a second, so an
-    answer half a second old says the same; one scrape computes it and scrapes arriving
-    meanwhile wait for that one (they do not compute it again).  Keyed by everything the
+    A scrape costs the daemon a few milliseconds of CPU (reading the stages' files, each
+    child's ``/proc`` figures, the text of ~150 samples): a scraper every 100 ms took
+    most of a tenth of a core from a two-core machine's pipeline.  The stages publish
+    once a second, so an answer up to a second old says what a new one would (the
+    children's RSS and CPU aside, which are a second older at worst); one scrape
+    computes it and scrapes arriving meanwhile wait for that one (they do not compute it
+    again).  Keyed by everything the
     answer depends on: path, query (``name[]``), ``Accept`` (OpenMetrics) and
     ``Accept-Encoding`` (gzip)."""
 

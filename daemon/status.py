@@ -1,11 +1,12 @@
 """What the daemon knows of its stages, in one place: their last reports, the totals, the
-tree as ``status`` shows it, and each child's memory and CPU (psutil).
+tree as ``status`` shows it, and each child's memory and CPU (/proc).
 
 The stages report their counters to the hub (:class:`~offbroadway.stages.wire.commands.Stats`,
 ``Done``, ``Settled``); :class:`Board` keeps the last report of each and the totals over
 restarts (:mod:`.totals`), and reads from them what ``status``, the end-of-run lines and
-the "waiting for its source" notice need.  :func:`usage` is the one psutil walk: ``status``
-adds its figures to each node, ``/metrics`` (:mod:`.metrics`) exports them.  The tree is
+the "waiting for its source" notice need.  :func:`usage` is the one walk over the
+children's figures: ``status`` adds them to each node, ``/metrics`` (:mod:`.metrics`)
+exports them.  The tree is
 walked, here and wherever the answer is read, with the supervision library's snapshot
 walks (:func:`~offbroadway.supervision.tree.snapshot_nodes` and its siblings).
 """
