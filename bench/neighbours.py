@@ -12,7 +12,10 @@ exits (the clients are started a second before it, so their own start-up is not 
 the rate is the daemon's from its first ack to its last, as throughput.py measures it).
 The order alternates every round, so the machine's load (shared with other work)
 hits both alike.  It prints each run's rate, what the neighbours achieved (requests per
-second answered, failures, the slowest answer), and the medians and their ratio.
+second answered, failures, the slowest answer), and the medians and their ratio; and
+where the CPU went, in µs per message: the stages' and the daemon's (from the status
+tree, first ack to last, as throughput.py counts them) and the neighbour clients' own
+(after their start-up), so that a change in the ratio can be told from the noise.
 
 The neighbours are separate processes on the same two cores: their own CPU is part of
 what they cost the pipeline, as it would be on a real machine.

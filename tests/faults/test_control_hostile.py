@@ -190,7 +190,8 @@ def test_a_status_flood_is_answered_from_one_status_per_fifth_of_a_second(short_
 
 
 def test_connections_are_accepted_at_a_bounded_rate(short_tmp: Path) -> None:
-    """Each connection costs the daemon ~0.5 ms of CPU whatever its answer: beyond
+    """Each connection costs the daemon a few tenths of a millisecond of CPU whatever its
+    answer (most of it the wake-up): beyond
     ACCEPT_RATE a second (after a burst) they wait in the kernel's queue, so 300 calls in
     a row take at least (300 - burst) / rate seconds, and every one is answered."""
     daemon, sock = start(short_tmp)
