@@ -6,14 +6,13 @@ holding anything up.  The asking side and the socket's name are :mod:`.control`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import socket
-from typing import TYPE_CHECKING, Awaitable, Callable
-
-if TYPE_CHECKING:
-    import asyncio
+import time
+from typing import Awaitable, Callable
 
 log = logging.getLogger("offbroadway.daemon.control")
 
@@ -55,8 +54,6 @@ class _Drops:
         self._last_log = float("-inf")
 
     def drop(self, why: str) -> None:
-        import time
-
         self.counts[why] = self.counts.get(why, 0) + 1
         now = time.monotonic()
         if now - self._last_log >= DROP_LOG_INTERVAL:
@@ -68,20 +65,18 @@ class _Drops:
 class _Answers:
     """Read-only answers shared by requests within :data:`SHARED_FOR` seconds.
 
-    A ``status`` costs the daemon about 2 ms of CPU (the tree, the board, psutil for each
-    child, the JSON); a client asking 1,000 times a second would take a whole core from
-    the loop that also runs the hub and the supervisors.  The stages report once a
-    second, so an answer a fifth of a second old is as fresh as a new one; any other verb
-    (a restart, a reload...) drops what is kept, so a ``status`` after it sees its
-    effect."""
+    A ``status`` costs the daemon a millisecond or two of CPU (the tree, the board, /proc
+    for each child, the JSON); a client asking 1,000 times a second would take a whole
+    core from the loop that also runs the hub and the supervisors.  The stages report
+    once a second, so an answer a fifth of a second old is as fresh as a new one; any
+    other verb (a restart, a reload...) drops what is kept, so a ``status`` after it sees
+    its effect."""
 
     def __init__(self) -> None:
         self._kept: dict[str, tuple[float, bytes]] = {}
 
     def kept(self, request: dict) -> bytes | None:
         """The answer kept for ``request`` if it is still fresh, else None."""
-        import time
-
         if request.get("cmd") not in SHARED:
             return None
         kept = self._kept.get(json.dumps(request, sort_keys=True))
@@ -90,8 +85,6 @@ class _Answers:
         return None
 
     async def answer(self, request: dict, handler: Handler) -> bytes:
-        import time
-
         key = json.dumps(request, sort_keys=True) if request.get("cmd") in SHARED else None
         now = time.monotonic()
         if key is not None:
@@ -121,8 +114,6 @@ async def serve(path: str, handler: Handler) -> _Server:
     their line, each new one closes the oldest.  Nothing a client does holds up another
     client or the loop, and a flood of ``status`` costs one answer per
     :data:`SHARED_FOR` (:class:`_Answers`)."""
-    import asyncio
-
     if os.path.exists(path):
         os.unlink(path)
     lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -273,8 +264,6 @@ class _Server:
         if kept is not None:
             self._reply(conn, kept)
             return
-        import asyncio
-
         task = asyncio.ensure_future(self._answers.answer(request, self._handler))
         task.add_done_callback(lambda t: self._finish(conn) if t.cancelled()
                                else self._reply(conn, t.result()))
