@@ -60,7 +60,12 @@ state_dir = "{tmp / 'state'}"
                               stderr=subprocess.STDOUT)
     log.close()
     sock = str(tmp / "run" / "control.sock")
-    wait_until(lambda: acked(sock) > 0, timeout=60, interval=0.2, message="messages acked")
+    try:
+        wait_until(lambda: acked(sock) > 0, timeout=60, interval=0.2, message="messages acked")
+    except BaseException:       # not up: the test fails here, and leaves no daemon behind
+        daemon.kill()
+        daemon.wait(30)
+        raise
     return daemon, sock
 
 
