@@ -142,7 +142,8 @@ def main() -> None:
             extra = ""
             if res.get("beside"):
                 b = res["beside"]
-                # the clients' CPU over their life, as µs per message at this run's rate
+                # the clients' CPU since they were told where the daemon is, as µs per
+                # message at this run's rate
                 cpu["clients"] = b["clients_cores"] * 1e6 / res["rate"]
                 extra = (f"  status {b['status_per_s']:.0f}/s (failed {b['status_failed']}, "
                          f"slowest {b['status_slowest_ms']:.0f} ms), scrapes "

@@ -161,9 +161,8 @@ class SharedScrape:
     once a second, so an answer up to a second old says what a new one would (the
     children's RSS and CPU aside, which are a second older at worst); one scrape
     computes it and scrapes arriving meanwhile wait for that one (they do not compute it
-    again).  Keyed by everything the
-    answer depends on: path, query (``name[]``), ``Accept`` (OpenMetrics) and
-    ``Accept-Encoding`` (gzip)."""
+    again).  Keyed by everything the answer depends on: path, query (``name[]``),
+    ``Accept`` (OpenMetrics) and ``Accept-Encoding`` (gzip)."""
 
     def __init__(self, app: Callable) -> None:
         self.app = app

@@ -119,7 +119,19 @@ def _has_children() -> bool:
     return False
 
 
-def _descendants(root: int) -> list[int]:
+def stat_fields(pid: int | str) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` from the state on (field 3 of proc(5) is
+    ``[0]``), or None if the process is gone.  ``pid (comm) state ppid …``: the command
+    may hold spaces and parentheses, so the split starts after the last ')'."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rfind(b")") + 2:].split()
+
+
+def descendants(root: int) -> list[int]:
     """Every live descendant of ``root``, children first, from one pass over /proc."""
     if root == os.getpid() and not _has_children():
         return []   # the common case, at every stage's exit: no walk over /proc
@@ -131,14 +143,8 @@ def _descendants(root: int) -> list[int]:
     for name in names:
         if not name.isdigit():
             continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # pid (comm) state ppid …; comm may hold spaces and parentheses: split after the last ')'
-        fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) > 1:
+        fields = stat_fields(name)
+        if fields is not None and len(fields) > 1:
             children.setdefault(int(fields[1]), []).append(int(name))
     out: list[int] = []
     todo = [root]
@@ -185,7 +191,7 @@ def kill_descendants() -> int:
     A guarded child calls it on its way out too: the supervisor SIGKILLs the process group
     of a child that exited, but a descendant that left the group (``setsid``) would be
     orphaned to init once its parent is gone."""
-    pids = _descendants(os.getpid())
+    pids = descendants(os.getpid())
     pids += [pid for pid in _strays() if pid not in pids]
     for pid in pids:
         try:
