@@ -28,7 +28,7 @@ Layout (little-endian), one :data:`SIZE`-byte file per processor::
 path writes one entry and the state byte and nothing else.)  After the first
 :data:`SIZE` bytes, a frame's packed events (state ``PACKED``)::
 
-    packed length u32, index u32, the frame's packed events (msgpack array)
+    packed length u32, index u32, the frame's packed events (its columns, :mod:`..wire.events`)
 
 the running message being the event at ``index``.
 
@@ -45,7 +45,6 @@ import struct
 from collections.abc import Sequence
 from typing import Protocol
 
-import msgpack
 
 from ..wire import protocol
 from ..wire.commands import Blame, Suspect
@@ -261,18 +260,13 @@ def _packed_suspect(raw: bytes) -> Suspect | None:
     start = PACKED_AT + PACKED.size
     if n > PACKED_MAX or start + n > len(raw):
         return None
-    unpacker = msgpack.Unpacker(max_buffer_size=max(n, 1), **protocol.UNPACK_OPTIONS)
-    unpacker.feed(raw[start:start + n])
     try:
-        if index >= unpacker.read_array_header():
-            return None
-        for _ in range(index):
-            unpacker.skip()
-        event = unpacker.unpack()
-    except Exception:  # msgpack raises several types for bad input
+        block = protocol.open_events(raw[start:start + n])
+    except protocol.ProtocolError:
         return None
-    if not isinstance(event, list) or len(event) != protocol.EVENT_FIELDS:
+    if index >= len(block):
         return None
+    event = block[index]
     producer, token = protocol.event_origin(event), protocol.event_token(event)
     if not (isinstance(producer, int) and isinstance(token, int)
             and 0 <= producer < 2**16 and 0 <= token < 2**64):

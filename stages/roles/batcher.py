@@ -21,10 +21,15 @@ from ..runtime.handler import load_handler
 from ..runtime.spec import StageSpec
 from ..runtime.stage import Stage, ZmqIO
 from ..wire import commands, protocol
+from ..wire.events import DATA, ID, METADATA, transcode
 from .consumer import Subscriptions
 from .downstream import Downstream
 
 log = logging.getLogger("offbroadway.batcher")
+
+
+#: the bytes of a row besides its data, metadata and id in a byte budget (its envelope)
+ROW_OVERHEAD = 16
 
 
 class Outgoing(NamedTuple):
@@ -33,7 +38,7 @@ class Outgoing(NamedTuple):
     may take it) and, once fitted under the frame limit, its encoded frame."""
 
     key: Any
-    items: list[bytes]
+    items: list[tuple]
     trigger: str
     partition: int | None
     frame: bytes | None = None
@@ -42,17 +47,17 @@ class Outgoing(NamedTuple):
 class BatcherStage(Stage):
     def __init__(self, spec: StageSpec, io: ZmqIO | None = None) -> None:
         super().__init__(spec, io)
-        # events stay packed here (one ``bytes`` each): a byte budget counts their encoded
-        # size, the data plus the few bytes that address the message's ack
+        # events stay rows of encoded data here: a byte budget counts their data's encoded
+        # size plus the few bytes that address the message's ack
         self.acc = BatchAccumulator(spec.batch_size, spec.batch_timeout,
-                                    len if spec.batch_bytes else None)
+                                    _row_bytes if spec.batch_bytes else None)
         self.partition_of = None
         n = spec.consumer_count
         if spec.partition_by:
             route = getattr(load_handler(spec.handler), spec.partition_by)
 
-            def partition_of(raw: bytes) -> int:
-                return stable_hash(route(protocol.raw_to_message(raw))) % n
+            def partition_of(row: tuple) -> int:
+                return stable_hash(route(protocol.event_to_message(row))) % n
 
             self.partition_of = partition_of
             self.dispatcher: Dispatcher = PartitionDispatcher(range(n), _partition)
@@ -93,13 +98,16 @@ class BatcherStage(Stage):
                 try:
                     if msg[protocol.EVENTS_STATUS] is not None:
                         raise protocol.ProtocolError("a batcher is sent healthy events only")
-                    raw = protocol.split_events(msg[protocol.EVENTS_PACKED])
+                    block = protocol.open_events(msg[protocol.EVENTS_PACKED])
                 except protocol.ProtocolError as exc:
                     self.counters["malformed"] += 1
                     log.warning("%s: dropped malformed events from %s: %s", self.id,
                                 up.stage_id, exc)
                     continue
                 batch_key = msg[protocol.EVENTS_BATCH_KEY]
+                # rows, their data left as bytes (one codec per batch: a processor's frame
+                # of data nobody read may still be a broker's bodies)
+                raw = transcode(block.rows(), block.codec)
                 self.counters["in"] += len(raw)
                 if self.partition_of is None:
                     self._emit(self.acc.add_run(batch_key, raw, now))
@@ -197,6 +205,11 @@ class BatcherStage(Stage):
     def _on_flush(self, _: commands.Flush) -> None:
         """Operator drain: emit partial batches now instead of at their timeout."""
         self._emit(self.acc.flush())
+
+
+def _row_bytes(row: tuple) -> int:
+    """What a row costs a byte budget: its encoded data and id, and the envelope's bytes."""
+    return len(row[DATA]) + len(row[METADATA]) + len(str(row[ID])) + ROW_OVERHEAD
 
 
 def _partition(batch: Outgoing) -> int | None:

@@ -43,6 +43,7 @@ import zmq
 from ..flow.demand import ASK, Action, DemandBudget
 from ..flow.window import PacedWindow
 from ..wire import protocol
+from ..wire import events as ev
 
 #: seconds without events after which a budgeted consumer counts as idle
 IDLE_AFTER = 0.02
@@ -327,6 +328,7 @@ class Subscriptions:
             return
         kept: deque[tuple[Upstream, list, bool, Any]] = deque()
         back: dict[int, tuple[Upstream, list]] = {}
+        codecs: dict[int, set[int]] = {}
         for up, evs, budgeted, header in inbox:
             if not budgeted or up.done:
                 kept.append((up, evs, budgeted, header))
@@ -336,11 +338,18 @@ class Subscriptions:
             if take:
                 kept.append((up, evs[:take] if take < len(evs) else evs, True, header))
             if take < len(evs):
-                back.setdefault(up.index, (up, []))[1].extend(evs[take:])
+                back.setdefault(up.index, (up, []))[1].append(evs[take:])
+                codecs.setdefault(up.index, set()).add(evs.codec)
         inbox.clear()
         inbox.extend(kept)
-        for up, evs in back.values():
-            for frame, _ in protocol.frames_within_limit(evs, protocol.give_back):
+        for index, (up, blocks) in back.items():
+            # one codec per frame: blocks of a producer whose data came in two kinds (a
+            # source that gave bytes, then values) go back as values
+            codec = blocks[0].codec if len(codecs[index]) == 1 else ev.MSGPACK
+            evs = [row for b in blocks for row in (b if b.codec == codec
+                                                   else ev.transcode(b.rows(), b.codec))]
+            for frame, _ in protocol.frames_within_limit(
+                    evs, lambda rows, codec=codec: protocol.give_back(rows, codec)):
                 up.sock.send(frame, zmq.NOBLOCK)
                 self.sent["frames"] += 1
             self.counters["returned"] += len(evs)

@@ -139,7 +139,7 @@ class ProcessorStage(Stage):
             else:
                 self.subs.on_frame(up, msg)
 
-    def open_events(self, packed: bytes, peer: str) -> list | None:
+    def open_events(self, packed: bytes, peer: str) -> protocol.ev.Block | None:
         """A frame's events, or None (counted and dropped) when they are malformed."""
         try:
             return protocol.open_events(packed)
@@ -148,7 +148,8 @@ class ProcessorStage(Stage):
             log.warning("%s: dropped malformed events from %s: %s", self.id, peer, exc)
             return None
 
-    def _handle(self, events: list, status: str | None, batch_key: Any, packed: bytes) -> None:
+    def _handle(self, events: protocol.ev.Block, status: str | None, batch_key: Any,
+                packed: bytes) -> None:
         if not events:
             return
         self.counters["in"] += len(events)
@@ -267,5 +268,5 @@ def _frames(share: list[Message]) -> list[tuple[bytes, list[Message]]]:
     out: list[tuple[bytes, list[Message]]] = []
     for key, run in runs:
         out.extend(protocol.frames_within_limit(
-            run, lambda ms, key=key: protocol.events(protocol.to_events(ms), None, key)))
+            run, lambda ms, key=key: protocol.message_events(ms, key)))
     return out

@@ -39,6 +39,7 @@ from ..runtime.stage import Stage, ZmqIO
 from ..sources import get_source
 from ..sources.base import FailedItem, failure_of
 from ..wire import commands, protocol
+from ..wire import events as ev
 from .downstream import Downstream
 
 log = logging.getLogger("offbroadway.producer")
@@ -60,9 +61,9 @@ class ProducerStage(Stage):
             route = getattr(handler, spec.partition_by)
             n = spec.consumer_count
 
-            def key(event: list) -> int:
+            def key(event: tuple) -> int:
                 status = self._failed.get(protocol.event_token(event))
-                msg = protocol.event_to_message(event, status)
+                msg = protocol.event_to_message(event, status, self.codec)
                 return stable_hash(route(msg)) % n
 
             self.dispatcher: Dispatcher = PartitionDispatcher(range(n), key)
@@ -72,7 +73,9 @@ class ProducerStage(Stage):
             self.dispatcher = SpreadDispatcher(offset=spec.index)
         self.inflight: InFlightTable = InFlightTable()
         self.rate: SharedRateLimit | None = None
-        self.buffer: list[list] = []
+        #: event rows fetched and not yet sent, their data all in :attr:`codec`
+        self.buffer: list[tuple] = []
+        self.codec = ev.MSGPACK
         #: token -> why, for emitted events that are already failed (a source's bad line, a
         #: poison verdict, data msgpack cannot carry): a frame says the status of all its
         #: events, so these go in frames of their own; empty in the common case
@@ -155,7 +158,7 @@ class ProducerStage(Stage):
                 self._report_settled()    # the drain's last ack: say so now, not at a tick
         self.pump()
 
-    def _on_return(self, peer: bytes, events: list) -> None:
+    def _on_return(self, peer: bytes, events: ev.Block) -> None:
         """A consumer gives back events it will not start soon: first in line again (the
         burst's pump dispatches them).  Only our own events still in flight and not
         already waiting here are taken: anything else is a stale or broken frame."""
@@ -179,7 +182,7 @@ class ProducerStage(Stage):
         self.counters["out"] -= len(back)
         self.counters["stale_returns"] += len(events) - len(back)
         if back:
-            self.buffer = back + self.buffer
+            self._buffer(back, events.codec, front=True)
 
     def _settle(self, ok: list, failed: list) -> None:
         self.poison.on_settled(ok, failed, self.inflight.__contains__)
@@ -217,7 +220,7 @@ class ProducerStage(Stage):
             self.rate.give_back(want - len(items))
         if items:
             self.counters["in"] += len(items)
-            self.buffer.extend(self._to_events(items))
+            self._buffer(*self._to_events(items))
             self.buffer = self._dispatch(self.buffer)
         if len(items) < want and self.source.fileno() is None and not self._retry_pending:
             self._retry_pending = True
@@ -232,10 +235,13 @@ class ProducerStage(Stage):
         self._retry_pending = False
         self.pump()
 
-    def _to_events(self, items: list) -> list[list]:
+    def _to_events(self, items: list) -> tuple[list[tuple], int]:
+        """Rows for fetched items (their data and metadata encoded here, once for the whole
+        trip) and the codec of their data."""
         first = token = self.next_token
         index = self.spec.index
-        events = protocol.new_events(index, first, items)
+        codec, datas, metas, unencodable = ev.encode_items(items)
+        events = ev.new_rows(index, first, items, datas, metas)
         token = first + len(items)
         self.next_token = token
         self.inflight.add_range(first, map(_HANDLE, items))
@@ -248,10 +254,26 @@ class ProducerStage(Stage):
                 reason = failure_of(item)
                 if reason is not None:
                     failed[first + i] = reason
+        for i, why in unencodable.items():
+            # a value the codec cannot carry: that message fails, here, and alone
+            self._failed[first + i] = f"{why}: it cannot be sent to the processors"
+            log.warning("%s: message %r failed: %s", self.id, items[i][0],
+                        self._failed[first + i])
         self.poison.on_fetched(events, self._failed)
-        return events
+        return events, codec
 
-    def _dispatch(self, events: list[list]) -> list[list]:
+    def _buffer(self, rows: list[tuple], codec: int, front: bool = False) -> None:
+        """Rows into the buffer, which holds one codec: a fetch whose data differs in kind
+        from what waits (a source that gave bytes, then values) is carried as values."""
+        if not self.buffer:
+            self.codec = codec
+        elif codec != self.codec:
+            self.buffer = ev.transcode(self.buffer, self.codec)
+            rows = ev.transcode(rows, codec)
+            self.codec = ev.MSGPACK
+        self.buffer = rows + self.buffer if front else self.buffer + rows
+
+    def _dispatch(self, events: list[tuple]) -> list[tuple]:
         # suspects to run go in frames of their own, so that if one kills its processor
         # again the blame names it alone (none while quarantined)
         events, alone, kept = self.poison.on_dispatch(events, self._failed)
@@ -263,32 +285,30 @@ class ProducerStage(Stage):
         self.counters["out"] += sent
         return kept + leftovers if kept else leftovers
 
-    def _frames(self, share: list[list]) -> list[tuple[bytes, list]]:
+    def _frames(self, share: list[tuple]) -> list[tuple[bytes, list]]:
         """A consumer's share as EVENTS frames: one in the common case; with failed
         events among them, one per status (a frame says its events' status once)."""
         try:
             return self._frames_by_status(share)
         except Exception:
             pass
-        # a value the codec cannot carry: fail that message instead of the frame
-        for ev in share:
-            if not protocol.packable(ev):
-                data, metadata = protocol.event_payload(ev)
-                why = (protocol.unpackable(data, "data")
-                       or protocol.unpackable(metadata, "metadata") or "its id")
-                protocol.replace_payload(ev, repr(data),
-                                         {k: repr(v) for k, v in dict(metadata).items()})
-                self._failed[protocol.event_token(ev)] = (
-                    f"{why}: it cannot be sent to the processors")
-                log.warning("%s: message %r failed: %s", self.id, protocol.event_id(ev),
-                            self._failed[protocol.event_token(ev)])
+        # data and metadata were encoded at the fetch: only an id the codec cannot carry
+        # (a source's own class) is left; that message fails with its id as text
+        for i, row in enumerate(share):
+            if not protocol.packable(row[ev.ID]):
+                why = protocol.unpackable(row[ev.ID], "the id")
+                share[i] = row = (row[ev.ORIGIN], row[ev.TOKEN], repr(row[ev.ID]),
+                                  row[ev.DATA], row[ev.METADATA])
+                self._failed[row[ev.TOKEN]] = f"{why}: it cannot be sent to the processors"
+                log.warning("%s: message %s failed: %s", self.id, row[ev.ID],
+                            self._failed[row[ev.TOKEN]])
         return self._frames_by_status(share)
 
-    def _frames_by_status(self, share: list[list]) -> list[tuple[bytes, list]]:
+    def _frames_by_status(self, share: list[tuple]) -> list[tuple[bytes, list]]:
         failed = self._failed
         if failed:
             token_of = protocol.event_token
-            runs: dict[str | None, list[list]] = {}
+            runs: dict[str | None, list[tuple]] = {}
             for ev in share:
                 runs.setdefault(failed.get(token_of(ev)), []).append(ev)
         else:
@@ -296,7 +316,7 @@ class ProducerStage(Stage):
         out: list[tuple[bytes, list]] = []
         for status, evs in runs.items():
             out.extend(protocol.frames_within_limit(
-                evs, lambda e, status=status: protocol.events(e, status)))
+                evs, lambda e, status=status: protocol.events(e, status, codec=self.codec)))
         return out
 
     # -- failed events ------------------------------------------------------------------------

@@ -73,9 +73,11 @@ class GeneratorSource(Source):
         return out
 
     def _build(self, seqs: Any) -> list[Item]:
-        prefix, payload, producer = self._prefix, self._payload, self.producer_index
-        # a fresh metadata dict per message: downstream code may mutate it in place
-        return [(prefix + str(s), {"seq": s, "payload": payload}, {"producer": producer}, s)
+        prefix, payload = self._prefix, self._payload
+        # one metadata dict for all: the producer encodes it once for the frame, and every
+        # message downstream decodes a fresh one of its own
+        metadata = {"producer": self.producer_index}
+        return [(prefix + str(s), {"seq": s, "payload": payload}, metadata, s)
                 for s in seqs]
 
     def ack(self, handles: list[Any]) -> None:

@@ -33,41 +33,18 @@ exactly what it was minus the events received minus k (see :mod:`.demand`).  The
 the answer to the latest SUBSCRIBE from the answer to an earlier one (a subscription sent
 again after a producer restart can meet one still queued for the new incarnation).
 
-An *event* is ``[origin, token, id, data, metadata]`` (:data:`ORIGIN` … :data:`METADATA`;
-nothing outside this module indexes one by number): the producer index and in-flight token
-that address its acknowledgement, then the message.  What a frame's events share is said
-once, in the frame: the ``status`` (None, or why they are already failed: a producer
-sends failed events in frames of their own) and the ``batch_key`` (a processor sends one
-frame per key; the batcher is the one the frame goes to).  The events travel *packed*: a
-msgpack array inside the frame as one ``bin`` field, so that the frame is validated once
-(the header by :func:`decode`, the events when they are opened, by
-:func:`open_events` in one pass) and a batcher can move them on without unpacking each
-(:func:`split_events` cuts the array into its events' bytes, :func:`batch` joins them
-again).  Messages are built only where user code runs (:func:`to_messages`); the
-envelope (origin and token) is not the user's to see: a :class:`~offbroadway.Message`
-holds it in private slots that only this module sets and reads (:data:`envelope_of`).
+An *event* is a message in transit (:mod:`.events`): its envelope (origin producer and
+in-flight token), its id, and its data and metadata as the bytes they were encoded to once,
+at the producer.  What a frame's events share is said once, in the frame: the ``status``
+(None, or why they are already failed: a producer sends failed events in frames of their
+own) and the ``batch_key`` (a processor sends one frame per key; the batcher is the one the
+frame goes to); inside the events, their data's codec, and an origin, a run of tokens or a
+metadata that all share.  The events travel *packed* as columns (one ``bin`` field, so that
+the frame header is validated once by :func:`decode` and the events when they are opened,
+by :func:`open_events`, in one C call and a few C-speed checks).  Messages are built only
+where user code runs (:func:`to_messages`), and decode a value only when user code reads it.
 
-Values.  Besides msgpack's own types (None, bool, int, float, str, bytes, lists, maps;
-a tuple travels as a list), the codec carries the values a handler commonly returns, as
-msgpack extension types whose payload is plain text or bytes (never code):
-
-=====  ===========================  ============================================
-code   type                         payload
-=====  ===========================  ============================================
-1      ``datetime.datetime``        ISO 8601 (``isoformat``: the UTC offset kept
-                                    when there is one, none when naive; a zone of
-                                    the tz database arrives as its fixed offset,
-                                    ``fold`` is not carried)
-2      ``datetime.date``            ISO 8601
-3      ``datetime.time``            ISO 8601 (with its offset, if any)
-4      ``decimal.Decimal``          ``str`` (exact; NaN and infinities too)
-5      ``uuid.UUID``                its 16 bytes
-=====  ===========================  ============================================
-
-Anything else is refused by the encoder (:func:`unpackable`, called only once a frame
-failed to encode, says which value of which message), so the stage that holds the message
-fails that message alone; an extension payload that does not parse fails the frame like
-any malformed frame.
+Values are those of :mod:`.values` (msgpack plus datetime, date, time, Decimal and UUID).
 
 Control plane (stage ↔ daemon, over the daemon's hub socket):
 
@@ -102,20 +79,17 @@ RESULT         committer → batch proc  ref, error (None: the Spark job holding
 
 from __future__ import annotations
 
-import datetime as _dt
 from collections.abc import Callable, Sequence
-from decimal import Decimal
 from operator import attrgetter
 from typing import Any
-from uuid import UUID
 
-import msgpack
-import msgspec
 import zmq
 from offbroadway import Message
 
-#: 2: events are five fields and travel packed under a frame header (issue 12)
-VERSION = 2
+from . import events as ev
+
+#: 3: events travel as columns, their data and metadata encoded once at the producer
+VERSION = 3
 #: Frames larger than this are refused unread (64 MiB: a batch of 100k rows of ~600 B).
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 
@@ -140,11 +114,6 @@ RESULT_REF, RESULT_ERROR, RESULT_SCHEMA = 1, 2, 3
 ZMQ_EVENTS = int(zmq.EVENTS)
 ZMQ_POLLIN = int(zmq.POLLIN)
 
-#: an event's fields, by name (the only place their positions are written down)
-ORIGIN, TOKEN, ID, DATA, METADATA = range(5)
-EVENT_FIELDS = 5
-#: the first byte of a packed event: a fixarray of EVENT_FIELDS
-_EVENT_HEAD = 0x90 | EVENT_FIELDS
 #: the batcher and batch key of a message nobody routed
 DEFAULT = "default"
 
@@ -195,56 +164,21 @@ class ProtocolError(ValueError):
     """A frame this protocol cannot accept; the receiver counts it and drops it."""
 
 
-# -- the codec: msgpack plus a few extension types ---------------------------------------------
-
-EXT_DATETIME, EXT_DATE, EXT_TIME, EXT_DECIMAL, EXT_UUID = 1, 2, 3, 4, 5
-
-
-def _ext(value: Any) -> msgpack.ExtType:
-    """The extension type of a value msgpack has no type for (msgpack calls this only for
-    those, so it costs nothing on ordinary data); TypeError for anything else."""
-    cls = type(value)
-    if cls is _dt.datetime or isinstance(value, _dt.datetime):    # before date: a subclass
-        return msgpack.ExtType(EXT_DATETIME, value.isoformat().encode())
-    if cls is _dt.date or isinstance(value, _dt.date):
-        return msgpack.ExtType(EXT_DATE, value.isoformat().encode())
-    if isinstance(value, _dt.time):
-        return msgpack.ExtType(EXT_TIME, value.isoformat().encode())
-    if isinstance(value, Decimal):
-        return msgpack.ExtType(EXT_DECIMAL, str(value).encode())
-    if isinstance(value, UUID):
-        return msgpack.ExtType(EXT_UUID, value.bytes)
-    raise TypeError(f"can not serialize {cls.__name__!r} object")
-
-
-def _from_ext(code: int, payload: bytes | memoryview) -> Any:
-    """The value of an extension type (a payload that does not parse raises ValueError, and
-    the frame is malformed); an unknown code stays an ``ExtType``, as msgpack leaves it."""
-    if code == EXT_DATETIME:
-        return _dt.datetime.fromisoformat(str(payload, "utf-8"))
-    if code == EXT_DATE:
-        return _dt.date.fromisoformat(str(payload, "utf-8"))
-    if code == EXT_TIME:
-        return _dt.time.fromisoformat(str(payload, "utf-8"))
-    if code == EXT_DECIMAL:
-        return Decimal(str(payload, "utf-8"))
-    if code == EXT_UUID:
-        return UUID(bytes=bytes(payload))
-    return msgpack.ExtType(code, bytes(payload))
-
-
-#: how msgpack's own unpacker reads what this codec wrote (the blame record's reader)
-UNPACK_OPTIONS: dict[str, Any] = {"raw": False, "strict_map_key": False, "ext_hook": _from_ext}
-
-_packer = msgpack.Packer(use_bin_type=True, default=_ext)
-_pack = _packer.pack
-#: Frames and events are read by msgspec's decoder: the same msgpack, the same values
-#: (arrays as lists, maps as dicts, bin as bytes, the extension types above), about a
-#: third less CPU than msgpack's unpacker on a frame of events, mostly from reusing the
-#: strings of map keys that repeat from one event to the next.  Writing stays msgpack's:
-#: msgspec encodes datetime, Decimal and UUID natively, as text or a timestamp that would
-#: come back as another type.
-_unpack = msgspec.msgpack.Decoder(ext_hook=_from_ext).decode
+# the codec lives in :mod:`.values`; these names stay importable from here
+from .values import (  # noqa: E402
+    CARRIED,
+    EXT_DATE,
+    EXT_DATETIME,
+    EXT_DECIMAL,
+    EXT_TIME,
+    EXT_UUID,
+    UNPACK_OPTIONS,
+    _pack,
+    _unpack,
+    message_unpackable,
+    packable,
+    unpackable,
+)
 
 
 def _frame(*parts: Any) -> bytes:
@@ -273,30 +207,26 @@ def retracted(k: int) -> bytes:
     return _frame(RETRACTED, k)
 
 
-def give_back(evs: Sequence[Sequence[Any]]) -> bytes:
+def give_back(rows: Sequence[Sequence[Any]], codec: int = ev.MSGPACK) -> bytes:
     """RETURN: events received and not started, for their producer to dispatch again."""
-    return _frame(RETURN, _pack(evs))
+    return _frame(RETURN, _pack(ev.row_columns(rows, codec)))
 
 
-def events(evs: Sequence[Sequence[Any]], status: str | None = None,
-           batch_key: Any = DEFAULT) -> bytes:
-    """EVENTS: event arrays that share ``status`` and ``batch_key``."""
-    return _frame(EVENTS, status, batch_key, _pack(evs))
+def events(rows: Sequence[Sequence[Any]], status: str | None = None,
+           batch_key: Any = DEFAULT, codec: int = ev.MSGPACK) -> bytes:
+    """EVENTS: event rows that share ``status``, ``batch_key`` and their data's ``codec``."""
+    return _frame(EVENTS, status, batch_key, _pack(ev.row_columns(rows, codec)))
 
 
-def batch(batch_key: Any, trigger: str, raw: Sequence[bytes]) -> bytes:
-    """BATCH of events still packed, one ``bytes`` each (:func:`split_events`): joined
-    under an array header, never unpacked and packed again."""
-    return _frame(BATCH, batch_key, trigger, _array_header(len(raw)) + b"".join(raw))
+def message_events(messages: Sequence[Message], batch_key: Any = DEFAULT) -> bytes:
+    """EVENTS of healthy messages going on to the next stage (a processor's output): the
+    data nobody read goes on as the bytes it came with (:func:`.events.message_columns`)."""
+    return _frame(EVENTS, None, batch_key, _pack(ev.message_columns(messages)))
 
 
-def _array_header(n: int) -> bytes:
-    """msgpack's array header for ``n`` elements (fixarray, array 16 or array 32)."""
-    if n < 16:
-        return bytes((0x90 | n,))
-    if n < 0x10000:
-        return b"\xdc" + n.to_bytes(2, "big")
-    return b"\xdd" + n.to_bytes(4, "big")
+def batch(batch_key: Any, trigger: str, rows: Sequence[Sequence[Any]]) -> bytes:
+    """BATCH of event rows (their data in the values codec: the batcher keeps one)."""
+    return _frame(BATCH, batch_key, trigger, _pack(ev.row_columns(rows, ev.MSGPACK)))
 
 
 def cancel(reason: str) -> bytes:
@@ -462,72 +392,30 @@ def _opt(value: Any, cls: type) -> bool:
 
 # -- events ---------------------------------------------------------------------------------
 
-def open_events(packed: bytes) -> list[list]:
-    """The event arrays of an EVENTS, RETURN or BATCH frame, checked in one pass (C-speed
-    ``map``s over the frame, not a Python check per event): a list of arrays of
-    :data:`EVENT_FIELDS`, else :class:`ProtocolError`."""
+def open_events(packed: bytes) -> ev.Block:
+    """The events of an EVENTS, RETURN or BATCH frame (its packed columns), checked in one
+    pass (:func:`.events.open_block`), else :class:`ProtocolError`."""
     try:
-        evs = _unpack(packed)
-    except Exception as exc:  # msgpack raises several types for bad input
+        return ev.open_block(_unpack(packed))
+    except ev.EventsError as exc:
+        raise ProtocolError(f"malformed events: {exc}") from None
+    except Exception as exc:  # msgspec raises several types for bad input
         raise ProtocolError(f"undecodable events: {type(exc).__name__}: {exc}") from None
-    if type(evs) is not list or (evs and (set(map(type, evs)) != {list}
-                                          or set(map(len, evs)) != {EVENT_FIELDS})):
-        raise ProtocolError("events field is not a list of event arrays")
-    return evs
-
-
-def split_events(packed: bytes) -> list[bytes]:
-    """The packed events of a frame, one ``bytes`` each, without building them (msgpack's
-    ``skip``): what a batcher needs to regroup events it does not read.  Each piece is
-    checked to be an array of :data:`EVENT_FIELDS` by its first byte."""
-    unpacker = msgpack.Unpacker(max_buffer_size=max(len(packed), 1))
-    unpacker.feed(packed)
-    try:
-        n = unpacker.read_array_header()
-        skip, tell = unpacker.skip, unpacker.tell
-        start = tell()
-        out: list[bytes] = []
-        append = out.append
-        for _ in range(n):
-            skip()
-            end = tell()
-            append(packed[start:end])
-            start = end
-    except Exception as exc:  # msgpack raises several types for bad input
-        raise ProtocolError(f"undecodable events: {type(exc).__name__}: {exc}") from None
-    if start != len(packed) or (out and bytes(p[0] for p in out).count(_EVENT_HEAD) != n):
-        raise ProtocolError("events field is not a list of event arrays")
-    return out
 
 
 # -- messages and their envelope ------------------------------------------------------------
 # A message's delivery envelope (its origin producer and in-flight token) is the runtime's:
-# :class:`~offbroadway.Message` keeps it in two private slots that only this codec sets
-# (:func:`_message`, :func:`address`) and reads (:func:`to_events`, :func:`ack_groups`,
-# :data:`envelope_of`), with one reader beside it, the blame record (:mod:`..poison.blame`).
-# Slots, not a proxy object beside each message: a message is built once per message in
-# every stage that runs user code, and a slot read is the cheapest read.
+# :class:`~offbroadway.Message` keeps it in two private slots that only the codec sets
+# (:func:`.events.to_messages`, :func:`address`) and reads (:func:`.events.message_columns`,
+# :func:`ack_groups`, :data:`envelope_of`).  Slots, not a proxy object beside each message:
+# a message is built once per message in every stage that runs user code, and a slot read is
+# the cheapest read.
 
 #: a message's envelope as ``(origin, token)`` (for tests and handlers of the tests)
 envelope_of = attrgetter("_origin", "_token")
 
-
-def _message(origin: int, token: int, id: Any, data: Any, metadata: Any, batcher: str,
-             batch_key: Any, status: str | None, _new: Any = object.__new__,
-             _cls: type = Message) -> Message:
-    """A message off the wire (the runtime's constructor, not the user's): slots set
-    directly, positionally, which costs about half of ``Message(...)`` with its keywords;
-    it is called once per message in every stage that runs user code."""
-    m = _new(_cls)
-    m.id = id
-    m.data = data
-    m.metadata = metadata
-    m.batcher = batcher
-    m.batch_key = batch_key
-    m.status = status
-    m._origin = origin
-    m._token = token
-    return m
+#: a row's fields, by name (:mod:`.events`)
+ORIGIN, TOKEN, ID, DATA, METADATA = ev.ORIGIN, ev.TOKEN, ev.ID, ev.DATA, ev.METADATA
 
 
 def address(message: Message, origin: int, token: int) -> Message:
@@ -558,36 +446,25 @@ def ack_groups(ok: Sequence[Message], failed: Sequence[Message]
     return groups
 
 
-def to_messages(evs: list[list], status: str | None = None, batcher: str = DEFAULT,
+def to_messages(block: ev.Block, status: str | None = None, batcher: str = DEFAULT,
                 batch_key: Any = DEFAULT) -> list[Message]:
-    """Messages for user code, from events that share ``status``, ``batcher`` and
+    """Messages for user code, from a frame's events that share ``status``, ``batcher`` and
     ``batch_key`` (as :func:`open_events` returned them)."""
-    make = _message
-    return [make(origin, token, msg_id, data, metadata, batcher, batch_key, status)
-            for origin, token, msg_id, data, metadata in evs]
+    return ev.to_messages(block, status, batcher, batch_key)
 
 
-def to_events(messages: Sequence[Message]) -> list[list]:
-    """The events of messages going on to the next stage (batch key and status travel in
-    the frame: see :func:`events`)."""
-    return [[m._origin, m._token, m.id, m.data, m.metadata] for m in messages]
+def event_to_message(row: Sequence[Any], status: str | None = None,
+                     codec: int = ev.MSGPACK) -> Message:
+    """One event row as a message (routing functions that need one; not the hot path)."""
+    return ev.row_message(row, codec, status)
 
 
-def event_to_message(e: Sequence[Any], status: str | None = None) -> Message:
-    """One event as a message (routing functions that need one; not the hot path)."""
-    return _message(e[ORIGIN], e[TOKEN], e[ID], e[DATA], e[METADATA], DEFAULT, DEFAULT, status)
-
-
-def raw_to_message(raw: bytes) -> Message:
-    """One packed event (:func:`split_events`) as a message (a batcher's partition_by)."""
-    return event_to_message(_unpack(raw))
-
-
-def new_events(origin: int, first_token: int, items: Sequence[Sequence[Any]]) -> list[list]:
-    """Events for a source's fetched ``(id, data, metadata, handle)`` items, with tokens
-    from ``first_token`` on (one comprehension: the producer's hot path)."""
-    return [[origin, first_token + i, msg_id, data, metadata]
-            for i, (msg_id, data, metadata, _) in enumerate(items)]
+def new_events(origin: int, first_token: int, items: Sequence[Sequence[Any]]) -> list[tuple]:
+    """Rows for a source's ``(id, data, metadata, handle)`` items, with tokens from
+    ``first_token`` on, their values encoded (the producer does this in two steps, to
+    know the codec and the items the codec refused)."""
+    _, datas, metas, _ = ev.encode_items(items)
+    return ev.new_rows(origin, first_token, items, datas, metas)
 
 
 def event_id(e: Sequence[Any]) -> Any:
@@ -600,62 +477,3 @@ def event_token(e: Sequence[Any]) -> Any:
 
 def event_origin(e: Sequence[Any]) -> Any:
     return e[ORIGIN]
-
-
-def event_payload(e: Sequence[Any]) -> tuple[Any, Any]:
-    return e[DATA], e[METADATA]
-
-
-def replace_payload(e: list, data: Any, metadata: Any) -> None:
-    """Swap an event's data and metadata in place (a value msgpack cannot carry)."""
-    e[DATA] = data
-    e[METADATA] = metadata
-
-def packable(value: Any) -> bool:
-    """Whether ``value`` can cross the wire (the codec's types, nothing else)."""
-    try:
-        _pack(value)
-    except Exception:
-        return False
-    return True
-
-
-def unpackable(value: Any, where: str) -> str | None:
-    """Where in ``value`` (named ``where``, e.g. ``data``) the first value the codec cannot
-    carry sits, and what it is, e.g. ``data['when'][2] is a set``; None if it all packs.
-    Only called once a frame failed to encode: it tries the parts one by one."""
-    if packable(value):
-        return None
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if not packable(k):
-                return f"a key of {where} ({k!r}) is a {type(k).__name__}"
-            found = unpackable(v, f"{where}[{k!r}]")
-            if found is not None:
-                return found
-    elif isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            found = unpackable(v, f"{where}[{i}]")
-            if found is not None:
-                return found
-    if isinstance(value, int):
-        return f"{where} is an int out of the wire's 64-bit range"
-    cls = type(value)
-    name = (cls.__qualname__ if cls.__module__ == "builtins"
-            else f"{cls.__module__}.{cls.__qualname__}")
-    return f"{where} is a {name} ({CARRIED} cross stages)"
-
-
-#: what a message's values may be, said in the line of a message that failed to encode
-CARRIED = "JSON's types, bytes, tuples, datetime, date, time, Decimal and UUID"
-
-
-def message_unpackable(m: Message) -> str | None:
-    """What of a message cannot cross to the next stage (its data, metadata, id or batch
-    key), or None."""
-    for value, where in ((m.data, "data"), (m.metadata, "metadata"), (m.id, "the id"),
-                         (m.batch_key, "the batch key")):
-        found = unpackable(value, where)
-        if found is not None:
-            return found
-    return None

@@ -25,6 +25,7 @@ import msgpack
 import psutil
 import pytest
 from offbroadway.stages.runtime.redact import mask_url, redact
+from offbroadway.stages.wire import events as ev
 from offbroadway.stages.wire import protocol
 from offbroadway.supervision.tree import snapshot_nodes
 
@@ -103,14 +104,16 @@ def test_the_decoder_never_runs_a_pickle(tmp_path: Path) -> None:
         with pytest.raises(protocol.ProtocolError):
             protocol.decode(pickle.dumps(_RunsCode(marker), protocol=proto))
     # a well-formed frame carrying a pickle as message data: delivered as inert bytes
-    frame = protocol.events([[0, 1, "id", evil, {"p": evil}]])
-    event = protocol.open_events(protocol.decode(frame)[3])[0]
-    assert event[protocol.DATA] == evil and isinstance(event[protocol.DATA], bytes)
+    frame = protocol.events(ev.encode_rows([[0, 1, "id", evil, {"p": evil}]]))
+    message = protocol.to_messages(protocol.open_events(protocol.decode(frame)[3]))[0]
+    assert message.data == evil and isinstance(message.data, bytes)
+    assert message.metadata == {"p": evil}
     # msgpack's extension types stay opaque ExtType values, never a hook that decodes them
-    ext = msgpack.packb([protocol.VERSION, protocol.EVENTS, None, "d",
-                         msgpack.packb([[0, 1, "id", msgpack.ExtType(42, evil), {}]])])
-    opened = protocol.open_events(protocol.decode(ext)[3])
-    assert isinstance(opened[0][protocol.DATA], msgpack.ExtType)
+    ext = msgpack.packb([protocol.VERSION, protocol.EVENTS, None, "d", msgpack.packb(
+        [ev.MSGPACK, 0, 1, ["id"], [msgpack.packb(msgpack.ExtType(42, evil))],
+         msgpack.packb({})])])
+    opened = protocol.to_messages(protocol.open_events(protocol.decode(ext)[3]))
+    assert isinstance(opened[0].data, msgpack.ExtType)
     assert not marker.exists()
 
 

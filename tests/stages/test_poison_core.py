@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from offbroadway import Message
 from offbroadway.stages.poison import blame
 from offbroadway.stages.poison.guard import StrikeTable
+from offbroadway.stages.wire import events as ev
 from offbroadway.stages.wire import protocol
 from offbroadway.stages.wire.commands import Blame, Suspect
 
@@ -146,7 +147,7 @@ def test_a_packed_frame_record_names_the_running_message_alone(tmp_path: Path) -
     path = blame.path(str(tmp_path), "p")
     rec = blame.BlameRecorder(path)
     evs = [[1, 1_763_000_000_000_000_000 + i, f"line-{i}", {"seq": i}, {}] for i in range(30)]
-    packed = protocol.decode(protocol.events(evs))[3]
+    packed = protocol.decode(protocol.events(ev.encode_rows(evs)))[3]
     messages = protocol.to_messages(protocol.open_events(packed))
     rec.events(packed, messages)
     assert blame.parse(Path(path).read_bytes()) is None       # nothing runs yet
@@ -168,7 +169,7 @@ def test_a_packed_frame_record_by_index_names_the_running_message(tmp_path: Path
     path = blame.path(str(tmp_path), "p")
     rec = blame.BlameRecorder(path)
     evs = [[2, 900 + i, f"line-{i}", {"seq": i}, {}] for i in range(10)]
-    packed = protocol.decode(protocol.events(evs))[3]
+    packed = protocol.decode(protocol.events(ev.encode_rows(evs)))[3]
     messages = protocol.to_messages(protocol.open_events(packed))
     rec.events(packed, messages)
     assert rec.indexes(list(messages)) is None               # not the frame's own list

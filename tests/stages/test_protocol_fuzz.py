@@ -7,15 +7,15 @@ import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from offbroadway.stages.wire import events as ev
 from offbroadway.stages.wire import protocol
 
 VALID = [protocol.subscribe(10, 5, None), protocol.ask(7),
          protocol.cancel(protocol.CANCEL_SHUTDOWN),
          protocol.ack([1, 2], [[3, "bad"]]), protocol.command("stop", {}),
          protocol.report("stats", {"in": 1}),
-         protocol.events([[0, 1, "id", {"a": 1}, {}]]),
-         protocol.batch("k", "size", protocol.split_events(
-             protocol.decode(protocol.events([[0, 1, "id", {"a": 1}, {}]] * 3))[3]))]
+         protocol.events(ev.encode_rows([[0, 1, "id", {"a": 1}, {}]])),
+         protocol.batch("k", "size", ev.encode_rows([[0, 1, "id", {"a": 1}, {}]] * 3))]
 
 msgpack_values = st.recursive(
     st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats() | st.text() |
@@ -32,11 +32,12 @@ def decode_or_refuse(frame: bytes) -> None:
         return
     if msg[0] in (protocol.EVENTS, protocol.BATCH, protocol.RETURN):
         packed = msg[1] if msg[0] == protocol.RETURN else msg[3]
-        for open_ in (protocol.open_events, protocol.split_events):
-            try:
-                open_(packed)
-            except protocol.ProtocolError:
-                pass
+        try:
+            block = protocol.open_events(packed)
+        except protocol.ProtocolError:
+            return
+        # what the stages do with a block: rows, messages (values stay encoded until read)
+        assert len(block.rows()) == len(protocol.to_messages(block)) == len(block)
 
 
 @settings(max_examples=500, deadline=None)
@@ -71,13 +72,33 @@ def test_packed_events_of_the_wrong_shape(events: list) -> None:
                                    use_bin_type=True))
 
 
-def test_split_events_round_trips_through_a_batch() -> None:
-    evs = [[0, i, f"id-{i}", {"seq": i, "p": "x" * i}, {}] for i in range(40)]
-    raw = protocol.split_events(protocol.decode(protocol.events(evs))[3])
-    assert len(raw) == 40
-    msg = protocol.decode(protocol.batch("k", "size", raw[5:25]))
+def test_rows_round_trip_through_a_batch_with_their_data_untouched() -> None:
+    """The batcher's path: a frame's rows regrouped into a batch, each message's data the
+    very bytes it came with, and its values what the producer encoded."""
+    rows = ev.encode_rows([(0, i, f"id-{i}", {"seq": i, "p": "x" * i}, {"n": i % 3})
+                           for i in range(40)])
+    block = protocol.open_events(protocol.decode(protocol.events(rows))[3])
+    assert block.rows() == rows
+    msg = protocol.decode(protocol.batch("k", "size", block.rows()[5:25]))
     assert msg[1:3] == ["k", "size"]
-    assert protocol.open_events(msg[3]) == evs[5:25]
+    again = protocol.open_events(msg[3])
+    assert again.rows() == rows[5:25]
+    messages = protocol.to_messages(again)
+    assert [m.data for m in messages] == [{"seq": i, "p": "x" * i} for i in range(5, 25)]
+    assert [m.metadata for m in messages] == [{"n": i % 3} for i in range(5, 25)]
+
+
+def test_shared_fields_are_said_once_and_read_back_per_event() -> None:
+    """An origin, consecutive tokens and a metadata that every event shares are sent once;
+    tokens that are not consecutive, and differing origins, travel as lists."""
+    same = ev.encode_rows([(3, 100 + i, f"m{i}", i, {"p": 3}) for i in range(5)])
+    cols = ev.row_columns(same, ev.MSGPACK)
+    assert cols[1] == 3 and cols[2] == 100 and type(cols[5]) is bytes
+    mixed = ev.encode_rows([(i % 2, 7 * i, f"m{i}", i, {"i": i}) for i in range(5)])
+    cols = ev.row_columns(mixed, ev.MSGPACK)
+    assert list(cols[1]) == [0, 1, 0, 1, 0] and list(cols[2]) == [0, 7, 14, 21, 28]
+    for rows in (same, mixed):
+        assert protocol.open_events(protocol.decode(protocol.events(rows))[3]).rows() == rows
 
 
 def test_oversized_frame_is_refused_unread() -> None:

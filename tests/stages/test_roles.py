@@ -17,13 +17,16 @@ from offbroadway.stages.sources.base import FailedItem
 from offbroadway.stages.wire import commands, protocol
 
 from tests.stages import role_handlers
+from offbroadway.stages.wire.events import encode_rows
 from tests.stages.fakes import FakeIO
 
 P = protocol
 
 
-def events(*data: str, first_token: int = 1) -> list[list]:
-    return [[0, first_token + i, f"m{first_token + i}", d, {}] for i, d in enumerate(data)]
+def events(*data: str, first_token: int = 1) -> list[tuple]:
+    """Event rows as a producer makes them: each message's data and metadata encoded."""
+    return encode_rows([(0, first_token + i, f"m{first_token + i}", d, {})
+                        for i, d in enumerate(data)])
 
 
 def kinds(frames: list) -> list[int]:
@@ -72,10 +75,11 @@ def test_producer_fails_what_its_source_hands_over_failed(tmp_path: Path) -> Non
     stage = ProducerStage(spec, FakeIO())
     stage.setup()
     first = stage.next_token
-    evs = stage._to_events([("ok", 1, {"k": 1}, "h1"),
-                            FailedItem("new", b"raw", {"k": 2}, "h2", "not JSON"),
-                            ("old", None, {"error": "too big"}, "h3")])
-    assert [P.event_payload(ev)[1] for ev in evs] == [{"k": 1}, {"k": 2}, {"error": "too big"}]
+    evs, codec = stage._to_events([("ok", 1, {"k": 1}, "h1"),
+                                   FailedItem("new", b"raw", {"k": 2}, "h2", "not JSON"),
+                                   ("old", None, {"error": "too big"}, "h3")])
+    assert [P.event_to_message(ev, None, codec).metadata for ev in evs] == [
+        {"k": 1}, {"k": 2}, {"error": "too big"}]
     assert stage._failed == {first + 1: "not JSON", first + 2: "too big"}
 
 
@@ -99,7 +103,7 @@ def test_a_restarted_producer_counts_a_poison_messages_crashes_on(tmp_path: Path
         return stage, io
 
     def crash_running_it(stage: ProducerStage) -> str:
-        [ev] = stage._to_events(stage.source.fetch(1))
+        [ev], _ = stage._to_events(stage.source.fetch(1))
         blame = Blame("handle_message", (Suspect(0, P.event_token(ev), P.event_id(ev)),), 1,
                       "processor_default_0", "killed by SIGSEGV")
         stage._on_requeue(commands.Requeue("processor_default_0 down", blame, False))
@@ -117,7 +121,7 @@ def test_a_restarted_producer_counts_a_poison_messages_crashes_on(tmp_path: Path
     assert second.poison.strikes.crashes(poison) == 2
 
     third, _ = incarnation()
-    [ev] = third._to_events(third.source.fetch(1))
+    [ev], _ = third._to_events(third.source.fetch(1))
     why = third._failed[P.event_token(ev)]
     assert why.startswith("poison message: killed a processor 2 times (last: "
                           "processor_default_0 killed by SIGSEGV)")
@@ -167,7 +171,7 @@ def test_batcher_groups_by_size_and_flushes_the_rest_on_demand(tmp_path: Path) -
     up.push(P.events(events("a", "b", "c", "d", "e", "f", "g")))
     stage._on_upstream(up)
     batches = [f[1] for f in router.take() if f[1][P.KIND_AT] == P.BATCH]
-    assert [(b[P.BATCH_TRIGGER], [e[P.ID] for e in P.open_events(b[P.BATCH_PACKED])])
+    assert [(b[P.BATCH_TRIGGER], P.open_events(b[P.BATCH_PACKED]).ids)
             for b in batches] == [("size", ["m1", "m2", "m3"]), ("size", ["m4", "m5", "m6"])]
     # the seventh waits: a flush emits it, and it goes when the batch processor asks
     stage._on_flush(commands.Flush())
@@ -175,7 +179,7 @@ def test_batcher_groups_by_size_and_flushes_the_rest_on_demand(tmp_path: Path) -
     router.push(b"batch_processor_default_0", P.ask(1))
     stage.downstream._on_frames(router)
     (last,) = [f[1] for f in router.take() if f[1][P.KIND_AT] == P.BATCH]
-    assert last[P.BATCH_TRIGGER] == "flush" and len(P.split_events(last[P.BATCH_PACKED])) == 1
+    assert last[P.BATCH_TRIGGER] == "flush" and len(P.open_events(last[P.BATCH_PACKED])) == 1
 
 
 @pytest.fixture()
@@ -195,8 +199,7 @@ def test_batch_processor_handles_a_batch_and_acks_it_to_the_producer(
     stage.setup()
     up, producer = io.dealers["batcher_default"], io.dealers["producer_0"]
     assert kinds(up.take())[0] == P.SUBSCRIBE
-    packed = P.decode(P.events(events("x", "bad", "y")))[P.EVENTS_PACKED]
-    up.push(P.batch("default", "size", P.split_events(packed)))
+    up.push(P.batch("default", "size", events("x", "bad", "y")))
     stage._on_upstream(up)
     assert seen == [("default", "size", 3)]
     (ack,) = producer.take()
