@@ -17,6 +17,7 @@ import time
 from offbroadway import Message, Pipeline
 from offbroadway.stages.poison import blame
 from offbroadway.stages.runtime import callbacks
+from offbroadway.stages.wire import events as ev
 from offbroadway.stages.wire import protocol
 
 
@@ -32,7 +33,7 @@ def run(frames: int, size: int, recorder: blame.BlameRecorder | None,
     handler = Passthrough()
     evs = [[0, 1_763_000_000 + i, f"part-{i:03d}.jsonl:{i}", {"seq": i}, {}]
            for i in range(size)]
-    raw = protocol.decode(protocol.events(evs))[3]
+    raw = protocol.decode(protocol.events(ev.encode_rows(evs)))[3]
     batch = protocol.to_messages(protocol.open_events(raw))
     started = time.perf_counter()
     for _ in range(frames):

@@ -30,6 +30,7 @@ from offbroadway.stages.poison import blame
 from offbroadway.stages.runtime import callbacks
 from offbroadway.stages.runtime.worker import GC_THRESHOLD
 from offbroadway.stages.sources.generator import GeneratorSource
+from offbroadway.stages.wire import events as ev
 from offbroadway.stages.wire import protocol
 
 
@@ -53,23 +54,25 @@ def steps(n: int, record: blame.BlameRecorder) -> list[tuple[str, Callable[[], o
     def fetch_events() -> object:
         table: InFlightTable = InFlightTable()
         got = src.fetch(n)
-        evs = protocol.new_events(0, 1, got)
+        codec, datas, metas, _ = ev.encode_items(got)
+        rows = ev.new_rows(0, 1, got, datas, metas)
         table.add_range(1, (item[3] for item in got))
-        return protocol.events(evs)
+        return protocol.events(rows, codec=codec)
 
     def process() -> object:
         messages = protocol.to_messages(opened, None, protocol.DEFAULT, protocol.DEFAULT)
         record.events(packed, messages)
         done, _, _ = callbacks.process(h, messages, None, {"sink"}, record, healthy=True)
-        return protocol.events(protocol.to_events(done), None, protocol.DEFAULT)
+        return protocol.message_events(done, protocol.DEFAULT)
 
     out = protocol.decode(process())[protocol.EVENTS_PACKED]
-    raw = protocol.split_events(out)
+    raw = protocol.open_events(out).rows()
 
     def cut() -> object:
-        parts = protocol.split_events(out)
-        return [protocol.batch("default", "size", parts[i:i + 100])
-                for i in range(0, len(parts), 100)]
+        block = protocol.open_events(out)
+        rows = ev.transcode(block.rows(), block.codec)
+        return [protocol.batch("default", "size", rows[i:i + 100])
+                for i in range(0, len(rows), 100)]
 
     batches = [protocol.decode(protocol.batch("default", "size", raw[i:i + 100]))[
         protocol.BATCH_PACKED] for i in range(0, len(raw), 100)]

@@ -33,6 +33,8 @@ from typing import Any, Sequence
 import pyarrow as pa
 from offbroadway import Message
 
+from ..wire.events import data_values
+
 __all__ = ["INGESTED_TYPE", "RESERVED", "Rows", "check_data", "conform", "convert",
            "from_ipc", "infer_schema", "rows_to_table", "schema_from_ipc", "schema_to_ipc",
            "to_ipc", "to_table"]
@@ -129,7 +131,7 @@ def _convert_uniform(messages: Sequence[Message], schema: pa.Schema) -> Rows | N
         return None
     if any(m.status is not None for m in messages):
         return None
-    datas = [m.data for m in messages]
+    datas = data_values(messages)
     if set(map(type, datas)) != {dict} or set(map(len, datas)) != {len(names)}:
         return None
     try:

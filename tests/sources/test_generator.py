@@ -7,6 +7,7 @@ import time
 import pytest
 from offbroadway.stages.sources import SourceOptionError, get_source
 from offbroadway.stages.sources.base import Source
+from offbroadway.stages.wire import protocol
 
 from .conftest import drain
 
@@ -27,7 +28,11 @@ def test_messages_in_order_with_ids_and_metadata() -> None:
     assert all(i[1]["payload"] == items[0][1]["payload"] for i in items)
     assert len(items[0][1]["payload"]) == 7
     assert all(i[2] == {"producer": 1} for i in items)
-    assert items[0][2] is not items[1][2]      # each message owns its metadata
+    # the metadata is encoded once for the frame; each message downstream owns its own
+    frame = protocol.events(protocol.new_events(1, 100, items[:2]))
+    a, b = protocol.to_messages(protocol.open_events(protocol.decode(frame)[3]))
+    a.metadata["seen"] = True
+    assert a.metadata is not b.metadata and b.metadata == {"producer": 1}
 
 
 def test_count_is_per_producer_and_exhausts() -> None:
