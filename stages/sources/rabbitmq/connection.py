@@ -32,7 +32,7 @@ import pika.exceptions as amqp_errors
 import tenacity
 
 from ...runtime.redact import describe_error, mask_url
-from ..base import backoff_wait, next_attempt
+from ..base import Item, backoff_wait, next_attempt
 from ..mailbox import Mailbox
 from .delivery import to_item
 from .probe import IdleProbe
@@ -100,6 +100,10 @@ class Consumer:
         self._consumer_tag: str | None = None
         self._consuming = False
         self._broker_cancelled = False
+        #: deliveries of the current pass of pika's loop, handed to the producer together
+        #: when the pass ends (:meth:`_hand_over`): one lock and at most one wake-up per
+        #: pass, where one per delivery cost the producer a wake-up per message
+        self._pass: list[Item] = []
         # set by the I/O thread, read by the producer thread
         self.incarnation = 0
         self.state = "new"
@@ -252,7 +256,8 @@ class Consumer:
             self._channel.basic_cancel(self._consumer_tag)
         self._consuming = False
         assert self.mailbox is not None
-        back = self.mailbox.take_all()
+        back = self.mailbox.take_all() + self._pass
+        self._pass = []
         self.returned += self.settle.give_back([item[3] for item in back])
 
     def _serve(self) -> None:
@@ -275,13 +280,21 @@ class Consumer:
                               buffered=len(mailbox) + len(self.settle.requeue_owed)):
                 self._probe()
             conn.process_data_events(time_limit=timeout)
+            self._hand_over()
         self._run_commands()
         self.settle.send_acks(force=True)
+
+    def _hand_over(self) -> None:
+        """The pass's deliveries to the producer, in one go."""
+        if self._pass:
+            batch, self._pass = self._pass, []
+            self.mailbox.put_many(batch)     # type: ignore[union-attr]
 
     def _lost(self, exc: BaseException) -> None:
         """The connection died: everything it held is the broker's to redeliver."""
         assert self.mailbox is not None
-        dropped = len(self.mailbox.take_all())
+        dropped = len(self.mailbox.take_all()) + len(self._pass)
+        self._pass = []
         self.dropped_on_loss += dropped
         self.settle.detach()          # acks not sent: the broker redelivers (at-least-once)
         self.probe.delivered()
@@ -326,7 +339,7 @@ class Consumer:
         probe = self.probe
         if probe.zero_probes or probe.empty_confirmed:
             probe.delivered()
-        self.mailbox.put(item)     # type: ignore[union-attr]
+        self._pass.append(item)
 
     def _on_broker_cancel(self, _frame: Any) -> None:
         self._broker_cancelled = True
@@ -379,6 +392,7 @@ class Consumer:
         # deliveries that arrived during the RPC are queued inside pika: dispatch them
         # before deciding, so a delivery overtaken by the probe's answer still counts
         conn.process_data_events(time_limit=0)
+        self._hand_over()
         self.probe.answered(frame.method.message_count,
                             delivered_meanwhile=self.deliveries != seen)
 
