@@ -54,8 +54,8 @@ def steps(n: int, record: blame.BlameRecorder) -> list[tuple[str, Callable[[], o
     def fetch_events() -> object:
         table: InFlightTable = InFlightTable()
         got = src.fetch(n)
-        codec, datas, metas, _ = ev.encode_items(got)
-        rows = ev.new_rows(0, 1, got, datas, metas)
+        codec, ids, datas, metas, _ = ev.encode_items(got)
+        rows = ev.new_rows(0, 1, ids, datas, metas)
         table.add_range(1, (item[3] for item in got))
         return protocol.events(rows, codec=codec)
 

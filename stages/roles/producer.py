@@ -240,8 +240,8 @@ class ProducerStage(Stage):
         trip) and the codec of their data."""
         first = token = self.next_token
         index = self.spec.index
-        codec, datas, metas, unencodable = ev.encode_items(items)
-        events = ev.new_rows(index, first, items, datas, metas)
+        codec, ids, datas, metas, unencodable = ev.encode_items(items)
+        events = ev.new_rows(index, first, ids, datas, metas)
         token = first + len(items)
         self.next_token = token
         self.inflight.add_range(first, map(_HANDLE, items))

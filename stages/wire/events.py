@@ -153,11 +153,11 @@ def row_columns(rows: Sequence[Sequence[Any]], codec: int) -> list:
     return columns(codec, origins, tokens, list(ids), list(datas), metas)
 
 
-def transcode(rows: Sequence[Sequence[Any]], codec: int) -> list[tuple]:
+def transcode(rows: list[tuple], codec: int) -> list[tuple]:
     """Rows of data in ``codec`` as rows of MSGPACK data (a stage that mixes events of
-    several frames in one, the batcher, keeps one codec)."""
+    several frames in one, the batcher, keeps one codec); MSGPACK rows as they are."""
     if codec == MSGPACK or not rows:
-        return list(rows)
+        return rows
     origins, tokens, ids, datas, metas = zip(*rows)
     return list(zip(origins, tokens, ids, map(pack, datas), metas))
 
@@ -165,14 +165,14 @@ def transcode(rows: Sequence[Sequence[Any]], codec: int) -> list[tuple]:
 # -- rows from a source's items -------------------------------------------------------------
 
 def encode_items(items: Sequence[Sequence[Any]]
-                 ) -> tuple[int, list[bytes], list[bytes], dict[int, str]]:
+                 ) -> tuple[int, Sequence[Any], list[bytes], list[bytes], dict[int, str]]:
     """A fetch's ``(id, data, metadata, handle)`` items encoded once, for the whole trip:
-    (the codec, each data, each metadata, the index of each item whose values the codec
-    cannot carry -> why).  Bodies that are all bytes are not encoded at all (:data:`BYTES`);
-    metadata every item shares (equal) is encoded once."""
+    (the codec, the ids, each data, each metadata, the index of each item whose values the
+    codec cannot carry -> why).  Bodies that are all bytes are not encoded at all
+    (:data:`BYTES`); metadata every item shares (equal) is encoded once."""
     if not items:
-        return MSGPACK, [], [], {}
-    _, datas, metas, _ = zip(*items)
+        return MSGPACK, (), [], [], {}
+    ids, datas, metas, _ = zip(*items)
     bad: dict[int, str] = {}
     if set(map(type, datas)) == {bytes}:
         codec, encoded = BYTES, list(datas)
@@ -190,7 +190,7 @@ def encode_items(items: Sequence[Sequence[Any]]
             metas_out = list(map(pack, metas))
     except Exception:
         metas_out = [_encode_or_note(m, i, "metadata", bad) for i, m in enumerate(metas)]
-    return codec, encoded, metas_out, bad
+    return codec, ids, encoded, metas_out, bad
 
 
 def _encode_or_note(value: Any, i: int, where: str, bad: dict[int, str]) -> bytes:
@@ -202,12 +202,12 @@ def _encode_or_note(value: Any, i: int, where: str, bad: dict[int, str]) -> byte
         return pack(repr(value))
 
 
-def new_rows(origin: int, first_token: int, items: Sequence[Sequence[Any]],
-             datas: Sequence[bytes], metas: Sequence[bytes]) -> list[tuple]:
-    """Rows for a fetch's items (their ids, the encoded ``datas`` and ``metas``), with
+def new_rows(origin: int, first_token: int, ids: Sequence[Any], datas: Sequence[bytes],
+             metas: Sequence[bytes]) -> list[tuple]:
+    """Rows for a fetch's messages (their ids, the encoded ``datas`` and ``metas``), with
     tokens from ``first_token`` on: one C ``zip``, the producer's hot path."""
-    return list(zip(repeat(origin), range(first_token, first_token + len(items)),
-                    map(itemgetter(0), items), datas, metas))
+    return list(zip(repeat(origin), range(first_token, first_token + len(ids)), ids, datas,
+                    metas))
 
 
 # -- messages: built where user code runs ---------------------------------------------------

@@ -463,8 +463,8 @@ def new_events(origin: int, first_token: int, items: Sequence[Sequence[Any]]) ->
     """Rows for a source's ``(id, data, metadata, handle)`` items, with tokens from
     ``first_token`` on, their values encoded (the producer does this in two steps, to
     know the codec and the items the codec refused)."""
-    _, datas, metas, _ = ev.encode_items(items)
-    return ev.new_rows(origin, first_token, items, datas, metas)
+    _, ids, datas, metas, _ = ev.encode_items(items)
+    return ev.new_rows(origin, first_token, ids, datas, metas)
 
 
 def event_id(e: Sequence[Any]) -> Any:
