@@ -13,6 +13,7 @@ give-up or, under ``--until-idle``, the end of the source.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import shutil
@@ -24,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from offbroadway.stages.flow import ratelimit
 from offbroadway.stages.flow.ratelimit import SharedRateLimit
 from offbroadway.stages.poison import books as poison_books
+from offbroadway.stages.runtime import redact
 from offbroadway.stages.wire import commands
 from offbroadway.supervision import ChildExited, Supervisor
 
@@ -46,6 +48,16 @@ log = logging.getLogger("offbroadway.daemon")
 
 #: what keeps a daemon from starting: one line for the operator, exit 1, nothing left behind
 START_ERRORS = (runlock.RuntimeDirError, runlock.AlreadyRunning, metrics.ListenError)
+
+
+def config_secrets(config: Config) -> list[str]:
+    """Every secret in ``config``: the passwords of its URLs and the values of its options
+    named like secrets (a source's, the Spark section's, the handler's context)."""
+    try:
+        tree = dataclasses.asdict(config)
+    except TypeError:
+        tree = vars(config)
+    return redact.value_secrets(tree)
 
 
 class Daemon:
@@ -128,6 +140,9 @@ class Daemon:
 
     # -- run --------------------------------------------------------------------------------
     async def run(self) -> int:
+        # the last line of defence: a secret of the config that a message quotes anyway
+        # (a client library's error, a handler's) is masked on every log line
+        redact.install_filter(config_secrets(self.config))
         rt = self.config.runtime
         runlock.prepare_private_dir(rt.dir)
         lock = runlock.acquire(rt.dir)   # first: a second daemon on this dir touches nothing

@@ -11,16 +11,17 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from offbroadway.stages.runtime.redact import mask_url
+from offbroadway.stages.runtime.redact import mask_value
 
 
 class ConfigError(ValueError):
     """A config that cannot run; the message starts with the dotted key at fault."""
 
 
-def _shown(value: Any) -> Any:
-    """A rejected value as an error may show it: a URL without its password or token."""
-    return mask_url(value) if isinstance(value, str) and "://" in value else value
+def _shown(value: Any, name: str = "") -> Any:
+    """A rejected value as an error may show it: a URL without its password or token, an
+    option named like a secret not at all (:func:`~offbroadway.stages.runtime.redact.mask_value`)."""
+    return mask_value(value, name)
 
 
 class Table:
@@ -52,13 +53,13 @@ class Table:
             accepted = (*accepted, int)       # a TOML `30` is a fine duration
         if not isinstance(value, accepted):
             raise ConfigError(f"{self.key(name)}: expected {_type_names(types)}, "
-                              f"got {type(value).__name__} {_shown(value)!r}")
+                              f"got {type(value).__name__} {_shown(value, name)!r}")
         if isinstance(value, int) and float in _as_tuple(types) and int not in _as_tuple(types):
             value = float(value)
         if check is not None:
             problem = check(value)
             if problem:
-                raise ConfigError(f"{self.key(name)}: {problem} (got {_shown(value)!r})")
+                raise ConfigError(f"{self.key(name)}: {problem} (got {_shown(value, name)!r})")
         return value
 
     def table(self, name: str, required: bool = False) -> Table:

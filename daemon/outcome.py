@@ -11,14 +11,20 @@ get the truth, so both come from one place and from the books themselves:
   messages are written again when the source redelivers them;
 * **acked, failed, unacked** are the sources' own figures, as their producers last
   reported them: ``unacked`` is what a source still owes (delivered, never settled), so a
-  run that ends with it above zero did not do what ``--until-idle`` promises; a failure
-  the source's policy handed back for another delivery (its ``failure_requeued``, NATS's
-  ``naked``) is not the end of that message: only the others make the exit code 3.
+  run that ends with it above zero did not do what ``--until-idle`` promises.  ``failed``
+  counts messages, once each however often they were delivered; the failed deliveries
+  and the requeues among them are counted apart and named so (a requeuing policy sends a
+  message that fails on every delivery round many times).  ``stay`` are failed messages
+  the policy sent back to the queue, where they are now: the broker holds them, so the
+  run says so and never "every message settled".  A source without per-message books
+  (its ``failure_requeued``, NATS's ``naked``) has its requeued failures left out of the
+  exit code, as before.
 
 Exit codes of ``run --until-idle`` (docs/operations.md): 0 every message written and
 acked, 3 the run finished but some messages failed (they went to the source's failure
-policy), 1 messages are left unacked at the source (a drain past ``shutdown_timeout``, a
-source that still owes), or the pipeline gave up.  Pure: the daemon hands in the figures.
+policy, or stay in the queue when it requeues them), 1 messages are left unacked at the
+source (a drain past ``shutdown_timeout``, a source that still owes), or the pipeline gave
+up.  Pure: the daemon hands in the figures.
 """
 
 from __future__ import annotations
@@ -71,6 +77,12 @@ class Outcome:
     #: failures the source's policy handed back for another delivery (RabbitMQ's
     #: ``reject_and_requeue``, a NATS ``nak``): not the end of those messages
     failures_retried: int = 0
+    #: failed deliveries (``failed`` counts messages), and those the policy requeued
+    failed_deliveries: int = 0
+    requeued_failures: int = 0
+    #: failed messages back in the queue (a requeuing policy), and where: "queue 'q': …"
+    stay: int = 0
+    stay_in: str = ""
     written: list[Written] = field(default_factory=list)
     #: with [spark]: the output and its format, for the "wrote" lines
     output: str = ""
@@ -93,6 +105,9 @@ class Outcome:
         line = f"{self.pipeline}: {self.acked} messages acked, {self.failed} failed"
         if self.failed and self.failed_to:
             line += f" (failed messages: {self.failed_to})"
+        if self.failed_deliveries > self.failed or self.requeued_failures:
+            line += (f"; {self.failed_deliveries} deliveries failed, "
+                     f"{self.requeued_failures} of them requeued for another try")
         if self.unacked:
             line += f", {self.unacked} left unacked at the source (delivered again next run)"
         out.append(line)
@@ -105,6 +120,13 @@ class Outcome:
             return EXIT_UNACKED, (f"--until-idle: {self.unacked} message(s) left unacked at "
                                   "the source (they are delivered again at the next run); "
                                   f"exiting {EXIT_UNACKED}")
+        if self.stay:
+            others = self.failed - self.stay
+            return EXIT_FAILED, (
+                f"--until-idle: {self.stay} message(s) stay in {self.stay_in or 'the queue'}"
+                + (f"; {others} other(s) failed for good (failed messages: "
+                   f"{self.failed_to})" if others > 0 else "")
+                + f"; exiting {EXIT_FAILED}")
         final = self.failed - self.failures_retried
         if final > 0:
             return EXIT_FAILED, (f"--until-idle: every message settled, {final} of them "

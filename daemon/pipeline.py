@@ -193,18 +193,61 @@ class PipelineState:
                 written.append(outcome_mod.Written(
                     key, board.sum(committer, "out"), board.sum(bps, "out"),
                     board.sum(committer, "already_written")))
-        failed = board.sum(t.producers, "failed")
-        retried = sum(int(board.source(p).get("failure_requeued",
-                                               board.source(p).get("naked", 0)) or 0)
-                      for p in t.producers)
+        books = failure_books(board, t.producers)
         return outcome_mod.Outcome(
-            config.pipeline.name, acked=board.sum(t.producers, "acked"), failed=failed,
+            config.pipeline.name, acked=board.sum(t.producers, "acked"),
+            failed=books.failed,
             unacked=sum(int(board.source(p).get("unacked") or 0) for p in t.producers),
-            failed_to=board.failed_to() if failed else "", failures_retried=retried,
+            failed_to=board.failed_to() if books.failed else "",
+            failures_retried=books.retried, failed_deliveries=books.failures,
+            requeued_failures=books.requeued, stay=books.stay, stay_in=books.stay_in,
             written=written,
             output=spark.output if spark is not None else "",
             table=spark.table if spark is not None else "",
             fmt=spark.format if spark is not None else "")
+
+
+@dataclass(frozen=True)
+class FailureBooks:
+    """The failed messages of a run, read from the producers' reports (see
+    :func:`failure_books`)."""
+
+    #: messages failed (each once, however often it was delivered)
+    failed: int = 0
+    #: failed deliveries, and those of them the policy requeued for another try
+    failures: int = 0
+    requeued: int = 0
+    #: messages back in the queue after failing (a requeuing policy), and where
+    stay: int = 0
+    stay_in: str = ""
+    #: a source without per-message books: failures handed back for another delivery
+    retried: int = 0
+
+
+def failure_books(board: Board, producers: list[str]) -> FailureBooks:
+    """One count per message.  A source that knows its messages across deliveries (it
+    reports ``failures``, the failed deliveries, beside ``failed``, the messages) is read
+    from its own books, over its producer's restarts: messages rejected in every
+    incarnation plus those still failing now.  Others count a failure per settlement,
+    as their producers do."""
+    failed = failures = requeued = stay = retried = 0
+    where: list[str] = []
+    for p in producers:
+        src = board.source(p)
+        if "failures" in src:
+            failing = int(src.get("failing") or 0)
+            failed += board.sum([p], "source.rejected") + failing
+            failures += board.sum([p], "source.failures")
+            requeued += board.sum([p], "source.failure_requeued")
+            stay += failing
+            if failing and src.get("failing_in") and src["failing_in"] not in where:
+                where.append(src["failing_in"])
+        else:
+            n = board.sum([p], "failed")
+            failed += n
+            failures += n
+            retried += int(src.get("failure_requeued", src.get("naked", 0)) or 0)
+    return FailureBooks(failed, failures, requeued, stay, "; ".join(where), retried)
 
 
 class TreeHandle:

@@ -18,8 +18,11 @@ so they need a restart.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from offbroadway.stages.runtime.redact import MASK, mask_value
 
 from . import resize
 from .config import PROCESSOR_KEY, Config
@@ -62,12 +65,43 @@ def _fields(obj: Any) -> dict[str, Any]:
     return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
 
 
+_ABSENT = "absent"
+
+
+def differences(key: str, old: Any, new: Any) -> list[tuple[str, Any, Any]]:
+    """``(dotted key, old, new)`` of every leaf that differs: a table (a source's
+    options) is named down to the key that changed (``producer.options.queue``)."""
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        out = []
+        for k in list(old) + [k for k in new if k not in old]:
+            a, b = old.get(k, _ABSENT), new.get(k, _ABSENT)
+            if a != b:
+                out += differences(f"{key}.{k}", a, b)
+        return out
+    return [(key, old, new)]
+
+
 def _refuse(key: str, old: Any, new: Any) -> ReloadRefused:
+    """The refusal, naming every key that changed, with the values masked as every
+    surface shows config values (:func:`~offbroadway.stages.runtime.redact.mask_value`):
+    the line goes to the CLI, the log and the live page."""
+    diffs = differences(key, old, new) or [(key, old, new)]
     leaf = key.rsplit(".", 1)[-1]
     why = _WHY.get(leaf, "cannot change while the pipeline runs (restart the daemon to "
                          "apply it)")
-    return ReloadRefused(f"{key}: {why} (running {old!r}, config {new!r}); nothing was "
-                         f"changed")
+    names = ", ".join(k for k, _, _ in diffs)
+    if len(diffs) == 1:
+        _, a, b = diffs[0]
+        values = f"running {_masked(diffs[0][0], a)}, config {_masked(diffs[0][0], b)}"
+    else:
+        values = "; ".join(f"{k.rsplit('.', 1)[-1]}: running {_masked(k, a)}, config "
+                           f"{_masked(k, b)}" for k, a, b in diffs)
+    return ReloadRefused(f"{names}: {why} ({values}); nothing was changed")
+
+
+def _masked(key: str, value: Any) -> str:
+    shown = mask_value(value, key.rsplit(".", 1)[-1])
+    return shown if shown == MASK else repr(shown)
 
 
 def keep_live(file_before: Config, file_now: Config, running: Config) -> Config:

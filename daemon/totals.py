@@ -9,6 +9,14 @@ killed along the way wrote too.
 from __future__ import annotations
 
 COUNTED = ("in", "out", "failed", "acked", "requeued", "batches", "already_written")
+#: a producer's source's own counts, folded the same way and read as ``"source.<key>"``:
+#: messages rejected (failed for good), failed deliveries, failures requeued
+SOURCE_COUNTED = ("rejected", "failures", "failure_requeued")
+
+
+def _source(stats: dict) -> dict:
+    src = stats.get("source")
+    return src if isinstance(src, dict) else {}
 
 
 class StageTotals:
@@ -22,10 +30,16 @@ class StageTotals:
             base = self._base.setdefault(stage, {})
             for key in COUNTED:
                 base[key] = base.get(key, 0) + int(last.get(key, 0))
+            src = _source(last)
+            for key in SOURCE_COUNTED:
+                base["source." + key] = base.get("source." + key, 0) + int(src.get(key) or 0)
         self._last[stage] = stats
 
     def total(self, stage: str, key: str) -> int:
-        return self._base.get(stage, {}).get(key, 0) + int(self._last.get(stage, {}).get(key, 0))
+        last = self._last.get(stage, {})
+        now = int(_source(last).get(key[7:]) or 0) if key.startswith("source.") \
+            else int(last.get(key, 0))
+        return self._base.get(stage, {}).get(key, 0) + now
 
     def sum(self, stages: list[str], key: str) -> int:
         return sum(self.total(s, key) for s in stages)

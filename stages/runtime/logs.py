@@ -30,8 +30,9 @@ class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out = {"ts": round(record.created, 6), "level": record.levelname.lower(),
                "child": self.child, "logger": record.name, "msg": record.getMessage()}
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
+        if record.exc_info or record.exc_text:
+            # exc_text when a filter made it (redact.RedactFilter masks secrets in it)
+            out["exc"] = record.exc_text or self.formatException(record.exc_info)
         return json.dumps(out)
 
 

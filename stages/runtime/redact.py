@@ -10,18 +10,115 @@ and the value of a parameter whose name says it is one, in the query (``?passwor
 which redis-py honours) or in Spark Connect's ``;key=value`` parameters
 (``sc://host:15002/;token=...``).  User names, hosts, ports and paths stay readable: they
 are what an operator needs to tell which broker is meant.
+
+Config values (a source's options, a reload's diff) are shown through :func:`mask_value`:
+an option whose name says it is a secret (``password``, ``api_token``...) is masked whole,
+and every URL in them loses its secrets.  :func:`value_secrets` lists those secrets so that
+:class:`RedactFilter` can take them out of any log line that quotes one anyway (a client
+library's message, a user's handler): the last line of defence on every process's log.
 """
 
 from __future__ import annotations
 
+import logging
 import re
-from urllib.parse import unquote, urlsplit
+from collections.abc import Iterable, Mapping
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit
 
 MASK = "***"
 #: parameter names (lower case) whose values are secrets
 SECRET_PARAMS = frozenset({"password", "passwd", "pwd", "token", "access_token", "secret",
                            "api_key", "apikey", "auth", "authorization", "sasl_password"})
 _PARAM = re.compile(r"(?P<sep>[;&?]|^)(?P<key>[^;&=?/]+)=(?P<value>[^;&]*)")
+
+
+#: endings of option names that hold secrets (``db_password``, ``api_token``)
+_SECRET_ENDINGS = ("password", "passwd", "secret", "token", "api_key", "apikey",
+                   "credentials", "private_key")
+
+
+def secret_name(name: str) -> bool:
+    """Whether an option or parameter named ``name`` holds a secret."""
+    n = name.strip().lower()
+    return n in SECRET_PARAMS or n.endswith(_SECRET_ENDINGS)
+
+
+def mask_value(value: Any, name: str = "") -> Any:
+    """A config value (an option, a section, a list) as it may be shown: options named
+    like secrets masked whole, URLs without their secrets, everything else as it is."""
+    if name and secret_name(name) and value not in (None, "", False):
+        return MASK
+    if isinstance(value, str):
+        return mask_url(value) if "://" in value else value
+    if isinstance(value, Mapping):
+        return {k: mask_value(v, str(k)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(mask_value(v) for v in value)
+    return value
+
+
+def value_secrets(value: Any, name: str = "") -> list[str]:
+    """Every secret string inside a config value (see :func:`mask_value`), longest
+    first, raw and as they appear percent-encoded or decoded in a URL."""
+    found: set[str] = set()
+    if name and secret_name(name) and isinstance(value, (str, int, float)) \
+            and not isinstance(value, bool):
+        text = str(value)
+        found.update({text, quote(text, safe=""), unquote(text)})
+    elif isinstance(value, str) and "://" in value:
+        for secret in url_secrets(value):
+            found.update({secret, quote(secret, safe="")})
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            found.update(value_secrets(v, str(k)))
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            found.update(value_secrets(v))
+    return sorted((s for s in found if len(s) >= 3), key=len, reverse=True)
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every one of ``secrets`` replaced by ``***``."""
+    for secret in secrets:
+        if secret in text:
+            text = text.replace(secret, MASK)
+    return text
+
+
+class RedactFilter(logging.Filter):
+    """Takes known secrets out of every record that passes a handler: the message as
+    formatted, and a traceback's text.  Installed on the handlers of the daemon and of
+    every stage, with the secrets of the pipeline's config (:func:`value_secrets`)."""
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        super().__init__()
+        self.secrets = sorted(set(secrets), key=len, reverse=True)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.secrets:
+            return True
+        message = record.getMessage()
+        clean = scrub(message, self.secrets)
+        if clean != message:
+            record.msg, record.args = clean, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = scrub(record.exc_text, self.secrets)
+        return True
+
+
+def install_filter(secrets: Iterable[str]) -> None:
+    """Put a :class:`RedactFilter` with ``secrets`` on every handler of the root logger
+    (replacing one installed before: a reload can change the secrets)."""
+    secrets = list(secrets)
+    for handler in logging.getLogger().handlers:
+        for f in list(handler.filters):
+            if isinstance(f, RedactFilter):
+                handler.removeFilter(f)
+        if secrets:
+            handler.addFilter(RedactFilter(secrets))
 
 
 def _mask_params(text: str) -> str:

@@ -16,6 +16,7 @@ from offbroadway.supervision.child import guard_descendants, kill_descendants
 from ..sources.base import EXIT_SOURCE_REFUSED, SourceError
 from . import logs
 from .liveness import Liveness
+from .redact import install_filter, value_secrets
 from .spec import StageSpec
 
 
@@ -46,6 +47,9 @@ def main() -> int:
     spec = StageSpec.from_env()
     logs.configure(os.environ.get(logs.LEVEL_ENV, "info"),
                    os.environ.get(logs.FORMAT_ENV, "text"), spec.id)
+    # the source's secrets never reach a log line, whoever quotes them
+    install_filter(value_secrets({"options": spec.source_options, "context": spec.context,
+                                  "spark": spec.spark}))
     stage = _role(spec.role)(spec)
     # a long callback is not a hung process: this thread beats while one runs
     Liveness(spec.id, spec.message_timeout).start()

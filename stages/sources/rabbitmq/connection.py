@@ -40,11 +40,9 @@ from .settings import RabbitMQSettings
 from .settle import Settlement
 
 log = logging.getLogger("offbroadway.sources.rabbitmq")
-# pika logs every connection open and close at INFO, several lines each, and a failed
-# connection attempt as seven ERROR lines and a traceback: with one connection per producer
-# and a retry every few seconds that drowns the daemon's own log.  This source logs one
-# line per attempt with the cause and the next attempt's time instead, and keeps the last
-# error in its stats; a level the user configured is left alone.
+# pika logs a failed connection attempt as seven ERROR lines and a traceback (and each open
+# and close at INFO): this source logs one line per attempt with the cause and the next
+# attempt's time instead; a level the user configured is left alone.
 if logging.getLogger("pika").level == logging.NOTSET:
     logging.getLogger("pika").setLevel(logging.CRITICAL)
 
@@ -271,8 +269,11 @@ class Consumer:
                 raise amqp_errors.ChannelClosed(0, "the consuming channel closed")
             now = time.monotonic()
             timeout = 0.005 if mailbox.woken else 0.2
-            if self.settle.owed:
-                timeout = max(0.0, min(timeout, self.settle.send_acks(now)))
+            settle = self.settle
+            if settle.owed:
+                timeout = max(0.0, min(timeout, settle.send_acks(now)))
+                if settle.cooling:
+                    timeout = min(timeout, settle.release_cooling(now))
             mailbox.tend(now)
             # requeues the broker has not been told of (they go in bulk) are messages
             # the queue will have again: no probe may call it empty before
@@ -282,6 +283,7 @@ class Consumer:
             conn.process_data_events(time_limit=timeout)
             self._hand_over()
         self._run_commands()
+        self.settle.release_cooling(all_=True)
         self.settle.send_acks(force=True)
 
     def _hand_over(self) -> None:
@@ -317,6 +319,7 @@ class Consumer:
             if conn.is_open:
                 self._run_commands()
                 if self._channel is not None and self._channel.is_open:
+                    self.settle.release_cooling(all_=True)
                     self.settle.send_acks(force=True)
                     self._stop_consuming()
                 conn.close()
@@ -339,6 +342,8 @@ class Consumer:
         probe = self.probe
         if probe.zero_probes or probe.empty_confirmed:
             probe.delivered()
+        elif probe.failing_probes and item[3].key not in self.settle.failing:
+            probe.delivered()        # a message that has not failed: not only failures left
         self._pass.append(item)
 
     def _on_broker_cancel(self, _frame: Any) -> None:
@@ -365,6 +370,7 @@ class Consumer:
                     self.probe.delivered()
                     self.requeues_taken += 1
             elif op == "pause" and self._channel is not None and self.paused:
+                settle.release_cooling(all_=True)    # a drain or a pause: back to the queue
                 self._stop_consuming()
             elif op == "resume" and self._channel is not None and not self.paused:
                 self._start_consuming()
@@ -393,8 +399,9 @@ class Consumer:
         # before deciding, so a delivery overtaken by the probe's answer still counts
         conn.process_data_events(time_limit=0)
         self._hand_over()
-        self.probe.answered(frame.method.message_count,
-                            delivered_meanwhile=self.deliveries != seen)
+        ready = frame.method.message_count
+        self.probe.answered(ready, delivered_meanwhile=self.deliveries != seen,
+                            only_failures=self.settle.only_failures_left(ready))
 
 
 def _noop() -> None:

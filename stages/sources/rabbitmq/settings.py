@@ -77,6 +77,13 @@ class RabbitMQSettings:
                 f"has one, else dropped by the broker")
 
 
+    def failing_in(self) -> str:
+        """Where the messages that failed and were requeued stay, for the last line of
+        ``--until-idle`` ("N message(s) stay in ...")."""
+        return (f"queue {self.queue!r}: each failed in this run and on_failure = "
+                f"{self.on_failure} sends it back (delivered again at the next run; "
+                f"on_failure = \"reject\" with a dead-letter exchange sets them aside)")
+
     def drops_failures(self) -> str | None:
         """A warning when this config certainly lets the broker drop failed messages: a
         rejecting policy on a queue it declares without a dead-letter exchange (a queue it

@@ -42,6 +42,18 @@ over ``max_message_bytes``, or a body ``decode`` could not parse).  Requeued, th
 come straight back at the speed of the pipeline for ever.  Rejected, they go to the
 queue's dead-letter exchange; a queue without one drops them, which is why they are
 counted (``rejected_final``) and logged one line per burst.
+
+Failures are counted per message, not per delivery.  A message that failed and went back to
+the queue is kept in :attr:`Settlement.failing` under its identity (the handle's ``key``)
+until it is acked or rejected, so it counts once however often it comes back (``failed`` =
+rejected + failing; ``failures`` counts the failed deliveries).  Its second and later
+failures in this run are held back before they are requeued (``RETRY_BASE`` doubling up to
+``RETRY_MAX``): a message that fails on every delivery would otherwise come back at the speed
+of the pipeline and keep a core busy for ever.  While held it stays unsettled on the channel
+(an ack ``multiple`` must never cover it), so a stop or a lost connection hands it back to
+the broker like any other unsettled delivery.  :meth:`Settlement.only_failures_left` tells
+the idle probe when everything still in circulation is such a message: ``--until-idle``
+then stops instead of waiting for a queue that cannot empty.
 """
 
 from __future__ import annotations
@@ -65,6 +77,17 @@ REQUEUE_DELAY = 0.5
 #: at most this many requeues behind an open tag go as single ``basic.reject`` frames;
 #: more wait for the front (a bulk ``basic.nack``), or the close that requeues them all
 SINGLE_REQUEUES = 64
+#: a failed message's n-th failure in this run (n >= 2) is requeued after
+#: ``RETRY_BASE * 2 ** (n - 2)`` seconds, at most ``RETRY_MAX``; the first goes back at once
+RETRY_BASE = 0.1
+RETRY_MAX = 5.0
+
+
+def retry_delay(strikes: int) -> float:
+    """How long the ``strikes``-th failure of a message is held before its requeue."""
+    if strikes < 2:
+        return 0.0
+    return min(RETRY_MAX, RETRY_BASE * 2 ** min(strikes - 2, 30))
 
 
 class Settlement:
@@ -80,7 +103,14 @@ class Settlement:
         self._unsent_since = 0.0             # when the oldest of those was settled
         self.requeue_owed: set[int] = set()  # to requeue, the broker not told yet
         self._requeue_since = 0.0            # when the front last moved with some owed
-        self.acked = self.failed = self.rejected = self.failure_requeued = 0
+        self.acked = self.rejected = self.failure_requeued = 0
+        #: failed deliveries (a message requeued after failing can fail again)
+        self.failures = 0
+        #: key -> failures in this run, of the messages that failed and went back to the
+        #: queue (or are held before going back) and were not settled otherwise since
+        self.failing: dict[Any, int] = {}
+        #: tag -> when it is requeued: failures held back (see :func:`retry_delay`)
+        self.cooling: dict[int, float] = {}
         #: failed messages a requeuing policy rejected: they would only fail again
         self.rejected_final = 0
         self.requeued = self.stale = 0
@@ -100,12 +130,34 @@ class Settlement:
         self._order.clear()
         self.unsent.clear()
         self.requeue_owed.clear()
+        self.cooling.clear()          # the broker has them back
 
     @property
     def owed(self) -> bool:
         """Has the broker settlements to be told (see :meth:`send_acks`)?"""
-        return bool(self.unsent or self.requeue_owed)
+        return bool(self.unsent or self.requeue_owed or self.cooling)
 
+    @property
+    def failed(self) -> int:
+        """Messages failed in this run: rejected, or back in the queue after failing."""
+        return self.rejected + len(self.failing)
+
+    @property
+    def unacked(self) -> int:
+        """Deliveries this channel holds unsettled, failures held before their requeue
+        not included (they are settled: the broker gets them back whatever happens)."""
+        return len(self.open_tags) - len(self.cooling)
+
+    def only_failures_left(self, ready: int) -> bool:
+        """With ``ready`` messages in the queue (the broker's count): is every message
+        still in circulation one that failed in this run?  Everything in circulation is
+        the queue's ready messages and what this channel holds; each failing message is
+        one of them, so when they add up to no more than ``failing``, nothing else is
+        there (exact with one consumer on the queue)."""
+        failing = len(self.failing)
+        if not failing or self.requeue_owed or self.unsent or self.channel is None:
+            return False
+        return 0 < ready + len(self.open_tags) <= failing
     def delivered(self, tag: int) -> None:
         self.open_tags.add(tag)
         self._order.append(tag)
@@ -117,6 +169,7 @@ class Settlement:
         inc = self.incarnation
         live = self.channel is not None
         before = len(unsent)
+        failing = self.failing
         for h in handles:
             tag = h.tag
             if h.incarnation != inc or not live or tag not in open_tags:
@@ -124,32 +177,64 @@ class Settlement:
                 continue
             open_tags.discard(tag)
             unsent.add(tag)
+            if failing:
+                failing.pop(h.key, None)    # it failed before, and now it went through
         if len(unsent) > before:
             self.acked += len(unsent) - before
             if not before:
                 self._unsent_since = time.monotonic()
 
     def fail(self, failures: list[Failure]) -> None:
-        """The failure policy: reject (to the dead-letter exchange), or requeue."""
+        """The failure policy: reject (to the dead-letter exchange), or requeue; a
+        message's second and later failures are held before they are requeued
+        (:func:`retry_delay`)."""
         final = []
+        failing, now = self.failing, 0.0
         for handle, reason in failures:
-            if self._current(handle):
-                requeue = self._failure_requeues(handle)
-                if requeue and (handle.doomed or str(reason).startswith(POISON_REASON)):
-                    requeue = False
-                    final.append(reason)
-                if self.settle_one(handle.tag, requeue=requeue):
-                    self.failed += 1
-                    if requeue:
-                        self.failure_requeued += 1
-                    else:
-                        self.rejected += 1
+            if not self._current(handle):
+                continue
+            tag = handle.tag
+            if tag not in self.open_tags or tag in self.cooling:
+                self.stale += 1
+                continue
+            self.failures += 1
+            requeue = self._failure_requeues(handle)
+            if requeue and (handle.doomed or str(reason).startswith(POISON_REASON)):
+                requeue = False
+                final.append(reason)
+            key = handle.key
+            if not requeue:
+                failing.pop(key, None)
+                self.rejected += 1
+                self.settle_one(tag, requeue=False)
+                continue
+            self.failure_requeued += 1
+            strikes = failing.get(key, 0) + 1
+            failing[key] = strikes
+            if strikes < 2:
+                self.settle_one(tag, requeue=True)
+                continue
+            now = now or time.monotonic()
+            self.cooling[tag] = now + retry_delay(strikes)
         if final:
             self.rejected_final += len(final)
             log.warning("rabbitmq source: %d failed message(s) rejected, not requeued "
                         "(on_failure = %s), because they would fail again (first: %s); "
                         "they go to the queue's dead-letter exchange, or are dropped by the "
                         "broker if it has none", len(final), self.on_failure, final[0])
+
+    def release_cooling(self, now: float = 0.0, *, all_: bool = False) -> float:
+        """Requeue the held failures that are due (every one with ``all_``: a pause or a
+        stop); the seconds until the next is due."""
+        cooling = self.cooling
+        if not cooling or self.channel is None:
+            return RETRY_MAX
+        now = now or time.monotonic()
+        due = [t for t, at in cooling.items() if all_ or at <= now]
+        for t in due:
+            del cooling[t]
+            self.settle_one(t, requeue=True)
+        return max(0.0, min(cooling.values()) - now) if cooling else RETRY_MAX
 
     def requeue(self, handles: list[RabbitMQHandle]) -> None:
         """Hand deliveries back to the queue (a crashed stage's); sent in bulk by

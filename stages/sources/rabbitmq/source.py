@@ -206,14 +206,17 @@ class RabbitMQSource(Source):
         back (a crash's, a poison on its way to the dead letters among them) are in no
         queue until the broker is told (the I/O thread takes the requeue, then sends it
         in bulk): a confirmation from before would call the queue empty, and the drain
-        that ``--until-idle`` begins on it would leave them there."""
+        that ``--until-idle`` begins on it would leave them there.  A queue where only
+        messages that failed in this run circulate counts as exhausted too (:mod:`.probe`):
+        under a requeuing policy they come back for ever, and the books say how many stay."""
         io = self._io
         io.probe.asked(time.monotonic())
         if self._mailbox is not None and len(self._mailbox):
             return False
         if io.requeues_taken != io.requeues_asked:
             return False
-        return io.state == "connected" and io.probe.empty_confirmed
+        return io.state == "connected" and (io.probe.empty_confirmed
+                                            or io.probe.only_failures)
 
     def retry_after(self) -> float:
         return 1.0   # push source: the fd wakes the producer, this is never the clock
@@ -248,12 +251,17 @@ class RabbitMQSource(Source):
             "failed_to": s.failed_to(),
             "queue": s.queue, "prefetch_count": s.prefetch_count,
             "prefetch_auto": s.prefetch_auto, "on_failure": s.on_failure,
-            "fetched": self.fetched, "acked": settle.acked, "failed": settle.failed,
+            "fetched": self.fetched, "acked": settle.acked,
+            # messages, not deliveries: rejected ones and those back in the queue after
+            # failing (``failing``); ``failures`` counts the failed deliveries
+            "failed": settle.failed, "failures": settle.failures,
+            "failing": len(settle.failing), "failing_in": s.failing_in(),
+            "retry_held": len(settle.cooling),
             "rejected": settle.rejected, "failure_requeued": settle.failure_requeued,
             "rejected_final": settle.rejected_final,
             "requeued": settle.requeued,
             "buffered": len(self._mailbox) if self._mailbox is not None else 0,
-            "unacked": len(settle.open_tags), "acks_pending": len(settle.unsent),
+            "unacked": settle.unacked, "acks_pending": len(settle.unsent),
             "ack_frames": settle.ack_frames,
             "requeues_pending": len(settle.requeue_owed),
             "requeue_frames": settle.requeue_frames,
