@@ -253,8 +253,12 @@ def check_known_options(source: str, options: Mapping[str, Any], known: Iterable
     known = frozenset(known)
     unknown = sorted(set(options) - known)
     if unknown:
+        import difflib
+
         listed = ", ".join(sorted(known)) or "none"
-        raise SourceOptionError(f"{source} source: unknown option {unknown[0]!r} "
+        close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise SourceOptionError(f"{source} source: unknown option {unknown[0]!r}{hint} "
                                 f"(known options: {listed})", unknown[0])
 
 
