@@ -105,6 +105,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"{config.pipeline.name}: nothing to read: {idle}; nothing started",
                   flush=True)
             return 0
+    from .checks import source_refused
+
+    # before the Spark server (half a minute of JVM) and every stage: a wrong password or
+    # a missing queue is one line at once, not after the JVM, and not once per restart
+    refused = source_refused(config)
+    if refused:
+        logging.getLogger("offbroadway.sources").error("%s", refused)
+        return 1
     import asyncio  # here: the other verbs are clients and start faster without it
 
     from .app import START_ERRORS, Daemon

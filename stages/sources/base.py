@@ -155,6 +155,15 @@ class Source(abc.ABC):
         return []
 
     @classmethod
+    def refused(cls, options: Mapping[str, Any]) -> str | None:
+        """For ``run``, before anything starts (a Spark server takes half a minute): the one
+        line :meth:`open` would raise as :class:`SourceError` because the server refuses the
+        source as configured (credentials, no such queue), found by connecting once; None
+        when it accepts, when it cannot be reached in a few seconds (the source retries
+        that), and whenever the source cannot tell (the default)."""
+        return None
+
+    @classmethod
     def nothing_to_read(cls, options: Mapping[str, Any]) -> str | None:
         """For ``run --until-idle``: a sentence saying why, when this source certainly has
         nothing to deliver, so the daemon starts nothing (a Spark server takes half a
