@@ -31,6 +31,7 @@ of the message and nothing else.
 from __future__ import annotations
 
 import abc
+import difflib
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -156,11 +157,9 @@ class Source(abc.ABC):
 
     @classmethod
     def refused(cls, options: Mapping[str, Any]) -> str | None:
-        """For ``run``, before anything starts (a Spark server takes half a minute): the one
-        line :meth:`open` would raise as :class:`SourceError` because the server refuses the
-        source as configured (credentials, no such queue), found by connecting once; None
-        when it accepts, when it cannot be reached in a few seconds (the source retries
-        that), and whenever the source cannot tell (the default)."""
+        """For ``run``, before anything starts (a JVM): the line :meth:`open` would raise as
+        :class:`SourceError` (credentials, no such queue), found by connecting once; None
+        when accepted, unreachable (retried by the source), or unknown (the default)."""
         return None
 
     @classmethod
@@ -262,8 +261,6 @@ def check_known_options(source: str, options: Mapping[str, Any], known: Iterable
     known = frozenset(known)
     unknown = sorted(set(options) - known)
     if unknown:
-        import difflib
-
         listed = ", ".join(sorted(known)) or "none"
         close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
