@@ -58,6 +58,8 @@ def test_the_unit_test_fails_what_the_daemon_fails(short_tmp: Path, spark_server
     daemon_failed = {r["seq"]: r["status"]
                      for r in map(json.loads, failed_log.read_text().splitlines())}
     daemon_written = sorted(r["seq"] for r in rows(out, "spark") if r["seq"] >= 0)
+    # the staged copies of the batches are gone with the daemon (they were left behind)
+    assert list((short_tmp / "state" / "spark-staging").rglob("*.parquet")) == []
 
     loaded = load_config(str(config)).config
     failed_log.unlink()
