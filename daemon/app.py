@@ -234,6 +234,7 @@ class Daemon:
             self.notifier.stopping()
             self.drainer.announce_stop()
             await self.drainer.stop_tree(self.root)
+            self._clear_staging()
             if self._housekeeping_task is not None:
                 self._housekeeping_task.cancel()
             self.timeline.close()         # the page's open streams end
@@ -245,6 +246,16 @@ class Daemon:
             if self.rate_limit is not None:
                 self.rate_limit.remove()
             log.info("pipeline %s stopped", name)
+
+    def _clear_staging(self) -> None:
+        """Every stage has stopped: the staged batches are read by nobody now."""
+        spark = self.config.spark
+        if spark is not None:
+            from .spark import clear_staging
+
+            n = clear_staging(spark, self.config.runtime.state_dir, list(self.config.batchers))
+            if n:
+                log.debug("removed %d staged batch file(s)", n)
 
     async def _start_unless_stopped(self) -> bool:
         """Start the tree; a stop asked for meanwhile (a Spark server takes seconds to come

@@ -49,6 +49,15 @@ def check_source(config: Config) -> list[str]:
                           f"{type(exc).__name__}: {exc}") from None
 
 
+def source_refused(config: Config) -> str | None:
+    """For ``run``, before anything starts: the one line saying the source's server refuses
+    it as configured (a wrong password, no such queue), found with one connection
+    (:meth:`Source.refused`), or None.  Not part of ``check``, which never connects."""
+    from offbroadway.stages.sources import get_source
+
+    return get_source(config.producer.source).refused(config.producer.options)
+
+
 def nothing_to_read(config: Config) -> str | None:
     """Why ``run --until-idle`` has nothing to do, when the source can tell without
     connecting (a spool with no file to read: a second run), else None; then nothing is

@@ -58,10 +58,10 @@ def _fail(message: str, code: int = 1) -> NoReturn:
 
 def cmd_check(args: argparse.Namespace) -> int:
     config, notes = _load(args.config, full=True)
-    from .pipeline import stop_budget
+    from .stopbudget import of_config
 
     print(f"{args.config}: ok (pipeline {config.pipeline.name}; a stop takes at most "
-          f"{stop_budget(config):.0f} s)")
+          f"{of_config(config):g} s)")
     window = _auto_window_line(config)
     if window:
         print(f"  {window}")
@@ -94,6 +94,42 @@ def cmd_spark_verify(args: argparse.Namespace) -> int:
     return verify(config)
 
 
+def cmd_test(args: argparse.Namespace) -> int:
+    """The pipeline on fixture messages, in one process (:mod:`.rehearsal`)."""
+    config = _load(args.config)
+    from .checks import check_handler
+    from .config import ConfigError
+    from .rehearsal import FixtureError, rehearse
+
+    try:
+        check_handler(config)
+        return rehearse(config, args.fixtures, args.expect)
+    except (ConfigError, FixtureError) as exc:
+        _fail(str(exc), EXIT_CONFIG)
+
+
+def _spark_config(path: str) -> Config:
+    config = _load(path)
+    if config.spark is None:
+        _fail(f"{path}: the config has no [spark] section", EXIT_CONFIG)
+    return config
+
+
+def cmd_spark_sql(args: argparse.Namespace) -> int:
+    config = _spark_config(args.config)
+    from .spark_query import run_sql
+
+    return run_sql(config, args.query, limit=args.limit, as_json=args.json)
+
+
+def cmd_spark_conf(args: argparse.Namespace) -> int:
+    config = _spark_config(args.config)
+    from .spark_query import snippet
+
+    print(snippet(config))
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     config, _notes = _load(args.config, full=True)
     configure_logging(config.runtime.log_level, config.runtime.log_format, "daemon")
@@ -105,6 +141,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"{config.pipeline.name}: nothing to read: {idle}; nothing started",
                   flush=True)
             return 0
+    from .checks import source_refused
+
+    # before the Spark server (half a minute of JVM) and every stage: a wrong password or
+    # a missing queue is one line at once, not after the JVM, and not once per restart
+    refused = source_refused(config)
+    if refused:
+        logging.getLogger("offbroadway.sources").error("%s", refused)
+        return 1
     import asyncio  # here: the other verbs are clients and start faster without it
 
     from .app import START_ERRORS, Daemon
@@ -386,7 +430,18 @@ def build_parser() -> argparse.ArgumentParser:
                            "pyspark and Java); exit 2 with one line naming the key.")
     check.add_argument("config", metavar="CONFIG", help=CONFIG_HELP)
     check.set_defaults(fn=cmd_check)
-    spark = sub.add_parser("spark", help="Spark datasets: `spark verify CONFIG`")
+    test = sub.add_parser(
+        "test", help="run fixture messages through the pipeline in one process",
+        description="Run each fixture message (JSON Lines: a file or a directory of "
+        "*.jsonl) through the config's handler, routing, batching and, with [spark], the "
+        "conversion to the rows and schema Spark would get; print them and each message "
+        "that would fail and why. No processes, no JVM. Exit 0, or 3 when some fail (as "
+        "run --until-idle); with --expect, 1 when the rows differ.")
+    test.add_argument("config", metavar="CONFIG", help=CONFIG_HELP)
+    test.add_argument("fixtures", metavar="FIXTURES", help="a .jsonl file or a directory")
+    test.add_argument("--expect", metavar="FILE", help="expected rows (JSON Lines), any order")
+    test.set_defaults(fn=cmd_test)
+    spark = sub.add_parser("spark", help="Spark datasets: `spark verify|sql|conf CONFIG`")
     spark_sub = spark.add_subparsers(dest="spark_verb", required=True, metavar="COMMAND")
     verify = spark_sub.add_parser(
         "verify", help="count rows, messages, duplicates and commits in each dataset",
@@ -395,6 +450,24 @@ def build_parser() -> argparse.ArgumentParser:
         "message twice.")
     verify.add_argument("config", metavar="CONFIG", help=CONFIG_HELP)
     verify.set_defaults(fn=cmd_spark_verify)
+    sql = spark_sub.add_parser(
+        "sql", help="run a SQL query on the pipeline's datasets",
+        description="Open a Spark session on the pipeline's catalog, register each "
+        "batcher's output as a view named by its key (a [spark] table is there by its own "
+        "name too) and run QUERY. A local catalog admits one JVM: run it while the daemon "
+        "is stopped.")
+    sql.add_argument("config", metavar="CONFIG", help=CONFIG_HELP)
+    sql.add_argument("query", metavar="QUERY", help='e.g. "SELECT count(*) FROM spark"')
+    sql.add_argument("--limit", type=int, default=20, help="rows shown (default 20)")
+    sql.add_argument("--json", action="store_true", help="one JSON object per row")
+    sql.set_defaults(fn=cmd_spark_sql)
+    conf = spark_sub.add_parser(
+        "conf", help="print a PySpark snippet that opens a session seeing the datasets",
+        description="Print Python code that builds a SparkSession with the pipeline's "
+        "catalog settings (or its remote) and reads each batcher's output; no token is "
+        "printed, the snippet reads it where the config says it is.")
+    conf.add_argument("config", metavar="CONFIG", help=CONFIG_HELP)
+    conf.set_defaults(fn=cmd_spark_conf)
 
     def target(p: argparse.ArgumentParser) -> None:
         p.add_argument("--config", metavar="CONFIG",

@@ -21,6 +21,7 @@ from offbroadway.stages.runtime.spec import PROCESSOR_KEY
 from . import names
 from .config_table import ConfigError, parse_size  # noqa: F401  (re-exported for callers of config)
 from .config_table import Table as _Table
+from .config_table import did_you_mean as _did_you_mean
 from .config_table import non_negative as _non_negative
 from .config_table import one_of as _one_of
 from .config_table import optional_duration as _optional_duration
@@ -482,13 +483,10 @@ def _unknown_sections(raw: dict) -> None:
     """A misspelt section (``[pipelin]``) is named as unknown before any required section
     is missed: "pipeline: required section" would send the user looking for the wrong
     thing."""
-    import difflib
-
     unknown = sorted(k for k in raw if k not in SECTIONS)
     if not unknown:
         return
-    close = difflib.get_close_matches(unknown[0], SECTIONS, n=1)
-    hint = f"; did you mean [{close[0]}]?" if close else f"; sections are {', '.join(SECTIONS)}"
+    hint = _did_you_mean(unknown[0], SECTIONS, "[{}]") or f"; sections are {', '.join(SECTIONS)}"
     also = f" (also unknown: {', '.join(unknown[1:])})" if unknown[1:] else ""
     raise ConfigError(f"{unknown[0]}: unknown key{hint}{also}")
 

@@ -3,12 +3,17 @@
 The config's sections (:mod:`.config`) are read through :class:`Table`, so every error,
 whatever the section, says which key it is about in the same words, and a key the reader
 did not ask for is reported as unknown (a typo such as ``batch_sise`` must not silently
-fall back to a default).  Pure: no I/O, no imports of user code.
+fall back to a default), with the known key it is closest to.  Unknown keys are reported
+before missing ones: ``[spark] tabel = "x"`` is a typo of ``table``, and "spark.output:
+required" would send the user looking for the wrong thing, so a missing required key is
+only raised by :meth:`Table.done`, after the check for unknown keys.  Pure: no I/O, no
+imports of user code.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any, Callable
 
 from offbroadway.stages.runtime.redact import mask_value
@@ -33,6 +38,8 @@ class Table:
         self.raw = raw
         self.where = where
         self.seen: set[str] = set()
+        #: required keys found missing: raised by :meth:`done`, after unknown keys
+        self.missing: list[str] = []
 
     def key(self, name: str) -> str:
         return f"{self.where}.{name}" if self.where else name
@@ -42,7 +49,7 @@ class Table:
         self.seen.add(name)
         if name not in self.raw:
             if required:
-                raise ConfigError(f"{self.key(name)}: required")
+                self.missing.append(name)
             return default
         value = self.raw[name]
         # bool is an int in Python; a TOML `true` is never a count or a duration
@@ -71,10 +78,28 @@ class Table:
         return Table(self.raw[name], self.key(name))
 
     def done(self) -> None:
+        """Every key read: an unknown one is an error (with the closest known key), then
+        a missing required one."""
         unknown = sorted(set(self.raw) - self.seen)
         if unknown:
             also = f" (also unknown: {', '.join(unknown[1:])})" if unknown[1:] else ""
-            raise ConfigError(f"{self.key(unknown[0])}: unknown key{also}")
+            raise ConfigError(f"{self.key(unknown[0])}: unknown key"
+                              f"{did_you_mean(unknown[0], self.seen)}{also}")
+        if self.missing:
+            raise ConfigError(f"{self.key(self.missing[0])}: required")
+
+
+def did_you_mean(name: str, known: Iterable[str], shown: str = "'{}'") -> str:
+    """``"; did you mean 'table'?"`` when a known name is close to ``name``, else ``""``
+    (``shown``: how the name is written, e.g. ``"[{}]"`` for a section)."""
+    import difflib
+
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    if not close and "_" in name:      # concurency vs concurrency, batchsize vs batch_size
+        close = difflib.get_close_matches(name.replace("_", ""),
+                                          [k.replace("_", "") for k in sorted(known)], n=1)
+        close = [k for k in sorted(known) if k.replace("_", "") in close][:1]
+    return f"; did you mean {shown.format(close[0])}?" if close else ""
 
 
 def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:

@@ -4,10 +4,10 @@ Stages write their counters, gauges and histograms into ``PROMETHEUS_MULTIPROC_D
 (``offbroadway.stages.runtime.metrics``); the daemon aggregates them at scrape time and adds what
 only it knows, computed fresh per scrape from the supervision tree and /proc
 (:func:`.status.usage`, the walk ``status`` uses too): children up, restarts, RSS and CPU
-per child.  The directory is wiped when the daemon starts (files of a previous run would
-otherwise be summed in), and a dead child's files are folded into per-type archives
-(:mod:`.metricsdir`), so it stays bounded through any number of restarts.  The listener
-binds 127.0.0.1 unless the config says otherwise.
+per child, and the daemon's own RSS, CPU and build.  The directory is wiped when the
+daemon starts (files of a previous run would otherwise be summed in), and a dead child's
+files are folded into per-type archives (:mod:`.metricsdir`), so it stays bounded through
+any number of restarts.  The listener binds 127.0.0.1 unless the config says otherwise.
 
 The HTTP server is prometheus-client's WSGI app behind our own accept loop: the library's
 ``start_http_server`` runs ``serve_forever``, whose ``shutdown()`` waits out a 0.5 s poll,
@@ -63,10 +63,10 @@ class TreeCollector:
                                        labels=("pipeline", "child", "kind"))
         rss = GaugeMetricFamily("offbroadway_child_resident_memory_bytes",
                                 "Resident set size of a child process.",
-                                labels=("pipeline", "child"))
+                                labels=("pipeline", "child", "kind"))
         cpu = CounterMetricFamily("offbroadway_child_cpu_seconds",
                                   "CPU time (user + system) of a child process's current "
-                                  "incarnation.", labels=("pipeline", "child"))
+                                  "incarnation.", labels=("pipeline", "child", "kind"))
 
         tree = self.snapshot()
         for node in snapshot_nodes(tree):
@@ -74,9 +74,45 @@ class TreeCollector:
             up.add_metric(labels, 1.0 if node["state"] == "running" else 0.0)
             restarts.add_metric(labels, float(node.get("restarts", 0)))
         for node, (rss_bytes, cpu_seconds) in status.usage(tree, SPARK_CHILD_ID):
-            rss.add_metric((self.pipeline, node["id"]), float(rss_bytes))
-            cpu.add_metric((self.pipeline, node["id"]), cpu_seconds)
+            labels = (self.pipeline, node["id"], node["kind"])
+            rss.add_metric(labels, float(rss_bytes))
+            cpu.add_metric(labels, cpu_seconds)
         yield from (up, restarts, rss, cpu)
+
+
+class DaemonCollector:
+    """The daemon process itself (its CPU and memory: the children's series leave it out)
+    and the build it runs (``offbroadway_build_info``, 1, labelled with the versions), read
+    at each scrape."""
+
+    def __init__(self, pipeline: str) -> None:
+        import platform
+
+        from offbroadway import __version__
+
+        self.pipeline = pipeline
+        self.build = (pipeline, __version__, platform.python_version())
+
+    def collect(self) -> Iterator[object]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        info = GaugeMetricFamily("offbroadway_build_info",
+                                 "1, labelled with the offbroadway and Python versions.",
+                                 labels=("pipeline", "version", "python"))
+        info.add_metric(self.build, 1.0)
+        yield info
+        figures = status.process_usage(os.getpid())
+        if figures is None:
+            return
+        rss = GaugeMetricFamily("offbroadway_daemon_resident_memory_bytes",
+                                "Resident set size of the daemon process.",
+                                labels=("pipeline",))
+        rss.add_metric((self.pipeline,), float(figures[0]))
+        cpu = CounterMetricFamily("offbroadway_daemon_cpu_seconds",
+                                  "CPU time (user + system) of the daemon process.",
+                                  labels=("pipeline",))
+        cpu.add_metric((self.pipeline,), figures[1])
+        yield from (rss, cpu)
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -206,6 +242,7 @@ def serve(listen: str, path: str, pipeline: str, snapshot: Callable[[], dict], *
     registry = CollectorRegistry()
     registry.register(metricsdir.CompactedCollector(path))
     registry.register(TreeCollector(pipeline, snapshot))
+    registry.register(DaemonCollector(pipeline))
     if rate_limit is not None:
         registry.register(RateLimitCollector(pipeline, rate_limit))
     host, _, port = listen.rpartition(":")

@@ -39,7 +39,7 @@ from .names import BATCH_PROCESSOR, committer_id, key_of, role_of
 from .reactions import Reactions, Send
 from .status import Board
 from .terminator import Terminator
-from .topology import Topology, Wiring, wired
+from .topology import Topology, Wiring
 
 if TYPE_CHECKING:
     from .timeline import Timeline
@@ -57,7 +57,7 @@ class Effects:
 
 def stop_budget(config: Config) -> float:
     """The longest a stop of ``config``'s pipeline can take (see :mod:`.stopbudget`)."""
-    return stopbudget.total(config.pipeline.shutdown_timeout, wired(config).root)
+    return stopbudget.of_config(config)
 
 
 class PipelineState:

@@ -230,6 +230,19 @@ def plan(old: Topology, new: Topology) -> list[Step]:
     return steps
 
 
+def change(old: Topology, new: Topology) -> str:
+    """What a resize changes, and only that: ``2 -> 4 processors`` or ``spark: 1 -> 3 batch
+    processors`` (the whole shape before and after read as if everything had changed)."""
+    parts = []
+    if len(old.processors) != len(new.processors):
+        parts.append(f"{len(old.processors)} -> {len(new.processors)} processors")
+    for key, ids in new.by_batcher.items():
+        before = len(old.by_batcher.get(key, ()))
+        if before != len(ids):
+            parts.append(f"{key}: {before} -> {len(ids)} batch processors")
+    return "; ".join(parts) or "nothing"
+
+
 def shape(topology: Topology) -> str:
     """The resizable shape in one line: ``4 processors, batch processors: spark 2``."""
     text = f"{len(topology.processors)} processors"

@@ -64,7 +64,7 @@ class Resizer:
             steps = resize_mod.plan(old, new)
             if not steps:
                 return {"ok": True, "message": f"nothing to change: {resize_mod.shape(old)}"}
-            change = f"{resize_mod.shape(old)} -> {resize_mod.shape(new)}"
+            change = resize_mod.change(old, new)
             log.info("%s: %s", why, change)
             for line in sorted(set(config_warnings(new_config)) -
                                set(config_warnings(state.config))):

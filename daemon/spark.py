@@ -92,6 +92,36 @@ def staging_root(state_dir: str) -> str:
     return os.path.join(state_dir, "spark-staging")
 
 
+def clear_staging(spark: SparkConfig, state_dir: str, batchers: list[str]) -> int:
+    """Remove the staged batches once the pipeline's tree has stopped; how many.
+
+    A committer keeps the files of its last commits while it runs (the ids in them are in
+    doubt if a batch processor restarts, stages/roles/committer.py), and the next start
+    sweeps whatever is left without reading it (the commit journal says what is in
+    doubt then).  Once every stage has stopped nobody reads them: left behind they were
+    dozens of files per run.  A staging area given as a URI (``hdfs://…``) is left to the
+    next start's sweep, which opens it through pyarrow; the ``locks`` directory stays."""
+    root = spark.staging or staging_root(state_dir)
+    if "://" in root and not root.startswith("file://"):
+        return 0
+    root = root.removeprefix("file://")
+    removed = 0
+    for key in batchers:
+        folder = os.path.join(root, key)
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            if name.endswith(".parquet"):
+                try:
+                    os.unlink(os.path.join(folder, name))
+                    removed += 1
+                except OSError:
+                    pass
+    return removed
+
+
 def sink_settings(spark: SparkConfig, state_dir: str = "") -> dict[str, Any]:
     """What a committer's stage spec carries: the sink's keyword arguments and the group
     commit's, token-free (only where a remote's token is, never the token)."""

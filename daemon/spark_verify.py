@@ -5,53 +5,32 @@ Spark (the config's ``remote`` with its token, else a local classic session on t
 config's ``master``: the output may be somewhere only Spark sees) and prints one line:
 
     spark: <dataset>: R rows, M messages, D duplicate rows, C commits
+      schema: seq bigint, total double, message_id string, ingested_at timestamp
 
 ``messages`` counts distinct ``message_id``s, ``commits`` distinct ``ingested_at`` stamps
 (each commit has its own, docs/design-spark.md §5).  Exit 0 when no dataset has a
 duplicate, 1 when one has, 2 for a config error (as ``check``).
 
-pyspark is imported here only, when the command runs.
+The session is the one :mod:`.spark_query` describes (``spark sql`` and ``spark conf`` use
+it too); pyspark is imported only when the command runs.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
 from .config import Config
+from .spark_query import open_session, read, session_plan
 
 
-def _session(config: Config) -> Any:
-    """A Spark session that sees the output."""
-    spark = config.spark
-    assert spark is not None
-    if spark.remote:
-        from offbroadway.stages.spark import spark_remote
-        from pyspark.sql.connect.client import DefaultChannelBuilder
-        from pyspark.sql.connect.session import SparkSession as Connect
-
-        builder = DefaultChannelBuilder(spark_remote.normalize_remote(spark.remote))
-        token = spark_remote.token(spark.token_file or None, spark.token_env or None)
-        if token:
-            builder.set(DefaultChannelBuilder.PARAM_TOKEN, token)
-        return Connect.builder.channelBuilder(builder).create()
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-
-    from .spark import catalog_conf
-
-    builder = (SparkSession.builder.master(spark.master)
-               .config("spark.driver.bindAddress", "127.0.0.1")
-               .config("spark.driver.host", "127.0.0.1")
-               .config("spark.ui.enabled", "false"))
-    for key, value in catalog_conf(spark, config.runtime.state_dir).items():
-        builder = builder.config(key, value)
-    if spark.table:
-        builder = builder.enableHiveSupport()
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
-    return session
+def ddl(schema: Any) -> str:
+    """A Spark schema in DDL's words (``seq bigint, tags array<string>, …``), one line: the
+    data columns of it are what ``[spark] schema`` takes to pin a dataset's schema."""
+    def name(n: str) -> str:
+        return n if n.isidentifier() else "`" + n.replace("`", "``") + "`"
+    return ", ".join(f"{name(f.name)} {f.dataType.simpleString()}"
+                     f"{'' if f.nullable else ' NOT NULL'}" for f in schema.fields)
 
 
 def verify(config: Config) -> int:
@@ -61,17 +40,15 @@ def verify(config: Config) -> int:
         print("offbroadway: the config has no [spark] section: nothing to verify",
               file=sys.stderr)
         return 2
-    session = _session(config)
+    plan = session_plan(config)
+    session = open_session(config)
     worst = 0
     try:
         for key in config.batchers:
-            if spark_cfg.table:
-                dataset = f"table {spark_cfg.table.replace('{batcher}', key)}"
-            else:
-                dataset = f"{spark_cfg.output}/{key}"
+            kind, where = plan.datasets[key]
+            dataset = f"table {where}" if kind == "table" else where
             try:
-                df = session.table(dataset.removeprefix("table ")) if spark_cfg.table \
-                    else session.read.format(spark_cfg.format).load(dataset)
+                df = read(session, plan.datasets[key])
             except Exception as exc:   # no dataset yet: say so, it holds nothing twice
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
                 print(f"spark: {dataset}: nothing to read ({type(exc).__name__}: "
@@ -83,6 +60,7 @@ def verify(config: Config) -> int:
             worst = max(worst, 1 if dups else 0)
             print(f"spark: {dataset}: {got['rows']} rows, {got['ids']} messages, {dups} "
                   f"duplicate rows, {got['commits']} commits")
+            print(f"  schema: {ddl(df.schema)}")
     finally:
         session.stop()
     return worst

@@ -21,15 +21,11 @@ from ..runtime.handler import load_handler
 from ..runtime.spec import StageSpec
 from ..runtime.stage import Stage, ZmqIO
 from ..wire import commands, protocol
-from ..wire.events import DATA, ID, METADATA, transcode
+from ..wire.events import row_bytes, transcode
 from .consumer import Subscriptions
 from .downstream import Downstream
 
 log = logging.getLogger("offbroadway.batcher")
-
-
-#: the bytes of a row besides its data, metadata and id in a byte budget (its envelope)
-ROW_OVERHEAD = 16
 
 
 class Outgoing(NamedTuple):
@@ -50,7 +46,7 @@ class BatcherStage(Stage):
         # events stay rows of encoded data here: a byte budget counts their data's encoded
         # size plus the few bytes that address the message's ack
         self.acc = BatchAccumulator(spec.batch_size, spec.batch_timeout,
-                                    _row_bytes if spec.batch_bytes else None)
+                                    row_bytes if spec.batch_bytes else None)
         self.partition_of = None
         n = spec.consumer_count
         if spec.partition_by:
@@ -205,11 +201,6 @@ class BatcherStage(Stage):
     def _on_flush(self, _: commands.Flush) -> None:
         """Operator drain: emit partial batches now instead of at their timeout."""
         self._emit(self.acc.flush())
-
-
-def _row_bytes(row: tuple) -> int:
-    """What a row costs a byte budget: its encoded data and id, and the envelope's bytes."""
-    return len(row[DATA]) + len(row[METADATA]) + len(str(row[ID])) + ROW_OVERHEAD
 
 
 def _partition(batch: Outgoing) -> int | None:

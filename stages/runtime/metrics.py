@@ -99,6 +99,8 @@ HISTOGRAMS = {
                    (1, 10, 100, 500, 1000, 2000, 5000, 10000, 50000, 100000)),
 }
 LABELS = ("pipeline", "child", "role")
+#: histograms of a processor, which has no batcher: no ``batcher`` label
+UNBATCHED = frozenset({"handle_message"})
 
 
 class StageMetrics:
@@ -195,11 +197,14 @@ class StageMetrics:
         if hist is None:
             metric, help_text, buckets = self._hist_defs[name]
             family = self._histograms.get(name)
+            batched = name not in UNBATCHED
             if family is None:
-                family = self._hist_cls(metric, help_text, (*LABELS, "batcher"), buckets=buckets)
+                family = self._hist_cls(metric, help_text,
+                                        (*LABELS, "batcher") if batched else LABELS,
+                                        buckets=buckets)
                 self._histograms[name] = family
             with _private_files():
-                hist = family.labels(*self._labels, batcher)
+                hist = family.labels(*self._labels, *((batcher,) if batched else ()))
             self._histograms[(name, batcher)] = hist
         return hist
 

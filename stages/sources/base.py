@@ -31,6 +31,7 @@ of the message and nothing else.
 from __future__ import annotations
 
 import abc
+import difflib
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -155,6 +156,13 @@ class Source(abc.ABC):
         return []
 
     @classmethod
+    def refused(cls, options: Mapping[str, Any]) -> str | None:
+        """For ``run``, before anything starts (a JVM): the line :meth:`open` would raise as
+        :class:`SourceError` (credentials, no such queue), found by connecting once; None
+        when accepted, unreachable (retried by the source), or unknown (the default)."""
+        return None
+
+    @classmethod
     def nothing_to_read(cls, options: Mapping[str, Any]) -> str | None:
         """For ``run --until-idle``: a sentence saying why, when this source certainly has
         nothing to deliver, so the daemon starts nothing (a Spark server takes half a
@@ -254,7 +262,9 @@ def check_known_options(source: str, options: Mapping[str, Any], known: Iterable
     unknown = sorted(set(options) - known)
     if unknown:
         listed = ", ".join(sorted(known)) or "none"
-        raise SourceOptionError(f"{source} source: unknown option {unknown[0]!r} "
+        close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise SourceOptionError(f"{source} source: unknown option {unknown[0]!r}{hint} "
                                 f"(known options: {listed})", unknown[0])
 
 

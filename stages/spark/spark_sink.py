@@ -69,7 +69,6 @@ import grpc
 import pyarrow as pa
 import tenacity
 from offbroadway import Message
-from pyspark.errors import PySparkException
 from pyspark.errors.exceptions.connect import (
     AnalysisException,
     ArithmeticException,
@@ -87,6 +86,7 @@ from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 
 from . import spark_remote
 from .spark_rows import RESERVED, convert
+from .spark_schema import SchemaProblem, ddl_fields_to_arrow
 from .spark_staging import StagingDir
 
 __all__ = ["FORMATS", "RESERVED", "SESSION_CONF", "CommitFailed", "SparkSink",
@@ -650,22 +650,10 @@ class SparkSink:
             except _PERMANENT as exc:
                 raise _Permanent(f"spark: the schema is not valid DDL: {_one_line(exc)}",
                                  sticky=True) from exc
-            if not isinstance(parsed, StructType) or not parsed.fields:
-                raise _Permanent("spark: the schema DDL does not describe columns", sticky=True)
-            names = [f.name for f in parsed.fields]
-            hit = [n for n in names if n in RESERVED]
-            if hit:
-                raise _Permanent(f"spark: the schema declares the reserved column {hit[0]!r}",
-                                 sticky=True)
-            missing = [c for c in self.partition_by if c not in names]
-            if missing:
-                raise _Permanent(f"spark: partition_by column {missing[0]!r} is not in the "
-                                 f"schema", sticky=True)
             try:
-                arrow = to_arrow_schema(parsed, timezone="UTC")
-            except (PySparkException, TypeError, ValueError) as exc:
-                raise _Permanent(f"spark: the schema has a type Arrow cannot carry: "
-                                 f"{_one_line(exc)}", sticky=True) from exc
+                arrow = ddl_fields_to_arrow(parsed, self.partition_by)
+            except SchemaProblem as exc:
+                raise _Permanent(exc.reason, sticky=True) from exc
             self._spark_schema = StructType([
                 *parsed.fields,
                 StructField("message_id", StringType(), False),

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from itertools import repeat
-from operator import itemgetter
 from typing import Any
 
 from offbroadway import Message
@@ -52,7 +51,6 @@ CODECS = (MSGPACK, BYTES)
 #: the metadata of a message that has none
 EMPTY_METADATA = pack({})
 
-_data_of = itemgetter(DATA)
 
 
 class EventsError(ValueError):
@@ -342,9 +340,14 @@ def message_columns(messages: Sequence[Message]) -> list:
                    [m.id for m in messages], datas, metas)
 
 
-def data_of(rows: Sequence[Sequence[Any]]) -> Iterator[bytes]:
-    """The encoded data of rows (a byte budget counts it)."""
-    return map(_data_of, rows)
+#: the bytes of a row besides its data, metadata and id in a byte budget (its envelope)
+ROW_OVERHEAD = 16
+
+
+def row_bytes(row: Sequence[Any]) -> int:
+    """What a row costs a batcher's byte budget: its encoded data and metadata, its id, and
+    the envelope's few bytes."""
+    return len(row[DATA]) + len(row[METADATA]) + len(str(row[ID])) + ROW_OVERHEAD
 
 
 def encode_rows(rows: Sequence[Sequence[Any]]) -> list[tuple]:

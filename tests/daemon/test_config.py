@@ -271,3 +271,68 @@ def test_reload_refuses_a_spark_change_naming_the_key() -> None:
                         ("spark.conf", {"spark.sql.shuffle.partitions": 4})):
         with pytest.raises(reload.ReloadRefused, match=rf"{path.replace('.', '[.]')}"):
             reload.plan(old, validate(with_(path, value)).config)
+
+
+@pytest.mark.parametrize("section,typo,says", [
+    ("spark", "tabel", "spark.tabel: unknown key; did you mean 'table'?"),
+    ("batchers.spark", "batch_sise", "batchers.spark.batch_sise: unknown key; did you mean "
+                                     "'batch_size'?"),
+    ("processors.default", "concurency", "processors.default.concurency: unknown key; did "
+                                         "you mean 'concurrency'?"),
+    ("producer", "concurency", "producer.concurency: unknown key; did you mean "
+                               "'concurrency'?"),
+    ("pipeline", "nmae", "pipeline.nmae: unknown key; did you mean 'name'?"),
+])
+def test_a_typo_is_named_with_the_key_it_is_close_to(section: str, typo: str, says: str
+                                                     ) -> None:
+    raw = copy.deepcopy(BASE)
+    table = raw
+    for part in section.split("."):
+        table = table[part]
+    table[typo] = table.pop(typo.replace("tabel", "output").replace("nmae", "name")) \
+        if typo in ("tabel", "nmae") else 1
+    with pytest.raises(ConfigError) as err:
+        validate(raw)
+    assert str(err.value) == says
+
+
+def test_unknown_keys_are_reported_before_missing_ones() -> None:
+    """``[spark] tabel = "x"`` (no output): the typo, not "spark.output: required"."""
+    raw = copy.deepcopy(BASE)
+    del raw["spark"]["output"]
+    raw["spark"]["tabel"] = "orders"
+    with pytest.raises(ConfigError, match=r"^spark\.tabel: unknown key; did you mean 'table'"):
+        validate(raw)
+    raw = copy.deepcopy(BASE)
+    raw["producer"]["rate_limit"] = {"allowed_mesages": 10, "interval": 1}
+    with pytest.raises(ConfigError, match=r"^producer\.rate_limit\.allowed_mesages: unknown "
+                                          r"key; did you mean 'allowed_messages'"):
+        validate(raw)
+    del raw["producer"]["rate_limit"]["allowed_mesages"]
+    with pytest.raises(ConfigError, match=r"^producer\.rate_limit\.allowed_messages: required"):
+        validate(raw)
+    raw = copy.deepcopy(BASE)
+    del raw["pipeline"]["name"]
+    raw["pipeline"]["handlr"] = raw["pipeline"].pop("handler")
+    with pytest.raises(ConfigError, match=r"^pipeline\.handlr: unknown key; did you mean "
+                                          r"'handler'"):
+        validate(raw)
+
+
+def test_a_misspelt_section_gets_a_hint() -> None:
+    raw = copy.deepcopy(BASE)
+    raw["sparks"] = raw.pop("spark")
+    with pytest.raises(ConfigError, match=r"^sparks: unknown key; did you mean \[spark\]\?"):
+        validate(raw)
+
+
+def test_a_misspelt_source_option_gets_a_hint(tmp_path) -> None:
+    from offbroadway.daemon.checks import check_source
+
+    raw = copy.deepcopy(BASE)
+    raw["producer"] = {"source": "rabbitmq", "options": {"url": "amqp://127.0.0.1",
+                                                         "queu": "orders"}}
+    with pytest.raises(ConfigError) as err:
+        check_source(validate(raw).config)
+    assert str(err.value).startswith(
+        "producer.options.queu: rabbitmq source: unknown option 'queu'; did you mean 'queue'?")

@@ -19,7 +19,9 @@ DAEMON_METRICS = {"offbroadway_child_up", "offbroadway_child_restarts_total",
                   "offbroadway_child_resident_memory_bytes", "offbroadway_child_cpu_seconds_total",
                   "offbroadway_rate_limit_allowed_messages",
                   "offbroadway_rate_limit_interval_seconds",
-                  "offbroadway_rate_limit_throttled_total"}
+                  "offbroadway_rate_limit_throttled_total",
+                  "offbroadway_daemon_resident_memory_bytes",
+                  "offbroadway_daemon_cpu_seconds_total", "offbroadway_build_info"}
 
 
 def exported() -> set[str]:

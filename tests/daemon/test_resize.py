@@ -249,3 +249,16 @@ def test_suspects_do_not_wait_for_a_leaving_processor_that_crashed():
     released = [s.stage for s in r.started("processor_default_0")
                 if isinstance(s.command, commands.ReleaseSuspects)]
     assert released == ["producer_0", "producer_1"]
+
+
+def test_the_change_says_what_changed_and_only_that() -> None:
+    """``scale processors 4`` once printed the whole shape before and after ("2
+    processors; batch processors: spark 1 -> 4 processors; batch processors: spark 1"),
+    which read as if the batch processors had gone from 1 to 4."""
+    old = topo_mod.build(_config(2, {"spark": 1, "other": 2}))
+    assert resize.change(old, topo_mod.build(_config(4, {"spark": 1, "other": 2}))) == \
+        "2 -> 4 processors"
+    assert resize.change(old, topo_mod.build(_config(2, {"spark": 3, "other": 2}))) == \
+        "spark: 1 -> 3 batch processors"
+    assert resize.change(old, topo_mod.build(_config(1, {"spark": 1, "other": 1}))) == \
+        "2 -> 1 processors; other: 2 -> 1 batch processors"

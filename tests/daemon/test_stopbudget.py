@@ -32,3 +32,29 @@ def test_the_example_config_budget():
     committer's 60 s grace plus 1 s to reap: what check prints."""
     config = load_config(str(REPO / "config" / "example.toml")).config
     assert stop_budget(config) == 60 + (60 + 15 + 4 * 5) + 6 * 1 + 5 + (60 + 1) == 227
+
+
+def test_check_and_the_docs_quote_the_one_budget(tmp_path):
+    """The figure ``check`` prints and the example in docs/operations.md are the one that
+    daemon/stopbudget.py computes (they once said 166 s where check printed 227 s)."""
+    import re
+    import subprocess
+
+    from tests.conftest import offbroadway_cmd, test_env
+
+    example = REPO / "config" / "example.toml"
+    config = load_config(str(example)).config
+    budget = stopbudget.of_config(config)
+    assert budget == stop_budget(config)
+    doc = (REPO / "docs" / "operations.md").read_text()
+    quoted = re.findall(r"a stop takes at most (\d+) s", doc)
+    assert quoted and {float(q) for q in quoted} == {budget}
+    assert f"(the example config: {stopbudget.explain(config)};" in " ".join(doc.split())
+    assert stopbudget.explain(config).endswith(f"= {budget:g} s")
+    (tmp_path / "spool").mkdir()     # the example's, where this check can find one
+    copy = tmp_path / "example.toml"
+    copy.write_text(example.read_text().replace('path = "var/spool"',
+                                                f'path = "{tmp_path / "spool"}"'))
+    out = subprocess.run(offbroadway_cmd("check", str(copy)), cwd=REPO, env=test_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert f"a stop takes at most {budget:g} s)" in out.stdout, out.stdout + out.stderr

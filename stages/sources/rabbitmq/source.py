@@ -110,6 +110,12 @@ class RabbitMQSource(Source):
         super().validate_options(options)
         parse_options(options)
 
+    @classmethod
+    def refused(cls, options: Mapping[str, Any]) -> str | None:
+        from .refusal import refusal
+
+        return refusal(parse_options(options))
+
     # -- lifecycle ----------------------------------------------------------------------------
     def open(self) -> None:
         """Start the I/O thread and wait for its first connection attempt.
