@@ -78,7 +78,8 @@ class CommitterStage(Stage):
         self.sink_settings = settings
         self.staging: StagingDir | None = None
         self.sink: Any = None
-        self.counters.update(batches=0, commits=0, commit_failures=0, already_written=0)
+        self.counters.update(batches=0, commits=0, commit_failures=0, already_written=0,
+                             looked_up=0)
         self.accept(commands.Redelivery, self._on_redelivery)
         self.schema: pa.Schema | None = None          # the dataset's data columns
         self._schema_bytes: bytes | None = None        # with message_id, as IPC
@@ -244,6 +245,8 @@ class CommitterStage(Stage):
             except (ValueError, OSError, pa.ArrowException) as exc:
                 # this batch alone does not fit the dataset (or its file is unreadable)
                 errors[id(h)] = f"spark: the batch does not fit the dataset's schema: {exc}"
+        if job and self.once:
+            self._job_out["again"] = self._again_of(job)
         if job and self.doubt.active():
             try:
                 job = self._still_to_write(job)
@@ -290,6 +293,64 @@ class CommitterStage(Stage):
         log.info("%s: %d row(s) of this group may be in the dataset already (written "
                  "before a restart) or came twice (a stale copy and its redelivery): "
                  "acknowledged, not written again", self.id, skipped)
+        return out
+
+    def _again_of(self, job: list[Handed]) -> dict[int, list[str]]:
+        """The ids of the redelivered messages of each batch of ``job`` that has any (by
+        ``id(batch)``; read from the footers of the files the batch processors marked):
+        looked up in the dataset before the job (:meth:`_drop_written`)."""
+        assert self.staging is not None
+        again: dict[int, list[str]] = {}
+        for h in job:
+            try:
+                ids = self.staging.again(h.file)
+            except (OSError, pa.ArrowException, ValueError):
+                continue   # an unreadable file: Spark cannot read it either, the job fails
+            if ids:
+                again[id(h)] = ids
+        return again
+
+    def _drop_written(self, job: list[Handed]) -> list[Handed]:
+        """In the helper thread, before the job: the redelivered messages of ``job``
+        (:meth:`_again_of`) that the dataset already holds are left out of their staged
+        files, and acknowledged as written; a batch with no row left is out of the job.
+
+        Why a lookup in Spark rather than a window of recent commits: a redelivery can come
+        back any number of commits and restarts after its first copy was written (behind
+        a prefetched backlog, after the committer that wrote it died), and the dataset is
+        the one record of what was written that no restart loses.  The source's mark says
+        which messages can be there at all, so nothing else is looked up."""
+        again: dict[int, list[str]] = self._job_out.get("again") or {}
+        if not again:
+            return job
+        assert self.staging is not None
+        wanted = pa.array(sorted({i for h in job for i in again.get(id(h), ())}), pa.string())
+        if not len(wanted):
+            return job
+        found = self.sink.ids_present(self.spec.batcher, wanted)
+        self._job_out["looked_up"] = len(wanted)
+        if not len(found):
+            return job
+        left_out: dict[int, int] = self._job_out.setdefault("left_out", {})
+        out: list[Handed] = []
+        dropped = 0
+        for h in job:
+            if id(h) not in again:
+                out.append(h)
+                continue
+            table = self.staging.read(h.file)
+            hit = pc.is_in(table.column("message_id"), value_set=found)
+            n = pc.sum(hit).as_py() or 0
+            if not n:
+                out.append(h)
+                continue
+            dropped += n
+            left_out[id(h)] = left_out.get(id(h), 0) + n
+            kept = table.filter(pc.invert(hit))
+            if len(kept):
+                self.staging.write(kept, h.file)
+                out.append(h)
+        self._job_out["found"] = dropped
         return out
 
     @staticmethod
@@ -389,6 +450,14 @@ class CommitterStage(Stage):
         from ..spark.spark_sink import CommitFailed
 
         errors: dict[int, str] = self._job_out["errors"]
+        if job:
+            try:
+                job = self._drop_written(job)
+            except CommitFailed as exc:   # cannot check: do not write
+                for h in job:
+                    errors[id(h)] = f"spark: looking up redelivered messages in the " \
+                                    f"dataset failed: {exc.reason}"
+                return
         if not job:
             return
         assert self.staging is not None and schema is not None
@@ -456,6 +525,17 @@ class CommitterStage(Stage):
         self._restarted = False
         self.staging.remove(gone)
 
+    def _count_found(self, out: dict[str, Any]) -> None:
+        """The redelivered messages the job's lookup found in the dataset: counted as
+        ``already_written`` (``looked_up``: how many were looked up)."""
+        if "looked_up" in out:
+            self.counters["looked_up"] += out["looked_up"]
+        found = out.get("found", 0)
+        if found:
+            self.counters["already_written"] += found
+            log.info("%s: %d redelivered message(s) of this group are in the dataset "
+                     "already: acknowledged, not written again", self.id, found)
+
     def _doubt_files(self, names: list[str]) -> None:
         assert self.staging is not None
         for name in names:
@@ -494,6 +574,7 @@ class CommitterStage(Stage):
             self.waiting_hello.clear()
             return
         errors: dict[int, str] = out["errors"]
+        self._count_found(out)
         schema_ipc = self._schema_ipc()
         # the rows this job wrote: its batches that did not fail, less the rows left out
         # of them as already written (a failed job wrote none, whatever was left out)

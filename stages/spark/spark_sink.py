@@ -342,6 +342,29 @@ class SparkSink:
 
         return self._retrying(query, f"reading the last commits of {dataset}")
 
+    def ids_present(self, batcher: str, ids: pa.Array) -> pa.Array:
+        """Which of ``ids`` the dataset already holds (none when it does not exist yet):
+        the check of redelivered messages (spark_once), whenever they come back.  One
+        query: the ids go as a local relation, semi-joined with the dataset's
+        ``message_id`` column (Spark reads that column only).  Retried like a write;
+        :class:`CommitFailed`."""
+        dataset = self.dataset_path(batcher)
+        probe = pa.table({"message_id": ids.cast(pa.string())})
+
+        def query() -> pa.Array:
+            table = self._read_query(
+                "looking up redelivered messages",
+                lambda spark: self._call(
+                    lambda: spark.createDataFrame(probe)
+                    .join(self._read(spark, dataset).select("message_id"), "message_id",
+                          "left_semi").distinct().toArrow()),
+                absent=_missing)
+            if table is None:
+                return pa.array([], pa.string())
+            return table.column("message_id").combine_chunks()
+
+        return self._retrying(query, f"looking up redelivered messages in {dataset}")
+
     def _rows_stamped(self, spark: SparkSession, dataset: str, stamps: Sequence[datetime]
                       ) -> Any:
         return self._read(spark, dataset).where(F.col("ingested_at").isin(list(stamps)))

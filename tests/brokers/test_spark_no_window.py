@@ -132,3 +132,6 @@ def test_a_redelivery_behind_a_backlog_after_a_committer_restart_is_not_written_
     err = finish(daemon, log)
     assert_each_id_once(short_tmp, ids, err)
     assert rabbit.ready(queue) == 0, "messages left in the queue"
+    # the late copies were there, and found in the dataset
+    assert "redelivered message(s) of this group are in the dataset already" in err, \
+        err[-3000:]
