@@ -29,21 +29,24 @@ from tests.conftest import wait_until
 from tests.e2e.test_pipeline import make_config, stage_pids
 from tests.spark.test_pipeline_spark import (
     TOKEN_ENV,
+    kill_the_process_group,
     spark_section,
     stage_stats,
     status,
+    the_jvm,
 )
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
 
-def backlog_config(tmp: Path, server, queue: str, *, rate: int, prefetch: int,
-                   batch_size: int, commit_rows: int, commit_interval: float,
+def backlog_config(tmp: Path, server, queue: str, *, rate: int, prefetch: int | str,
+                   batch_size: int, commit_rows: int | None, commit_interval: float | None,
                    concurrency: int = 2, processors: int = 2) -> Path:
-    """RabbitMQ → processors → one batcher → the suite's Spark, the producer limited to
-    ``rate`` messages a second with a ``prefetch`` window: the window fills at once and
-    drains at the limited rate, so a requeued delivery comes back ``prefetch / rate``
-    seconds after its requeue."""
+    """RabbitMQ → processors → one batcher → Spark (``server``: the suite's; None: the
+    daemon's own, ``local[2]``), the producer limited to ``rate`` messages a second with
+    a ``prefetch`` window: the window fills at once and drains at the limited rate, so a
+    requeued delivery comes back ``prefetch / rate`` seconds after its requeue.
+    ``commit_rows``/``commit_interval`` None: the defaults."""
     config = make_config(tmp, handler="tests.brokers.handlers:JsonBody", source="rabbitmq",
                          options={"url": AMQP_URL, "queue": queue,
                                   "prefetch_count": prefetch},
@@ -54,9 +57,11 @@ def backlog_config(tmp: Path, server, queue: str, *, rate: int, prefetch: int,
     text = config.read_text().replace(
         "[producer]\n", "[producer]\n"
         f"rate_limit = {{ allowed_messages = {max(1, rate // 4)}, interval = 0.25 }}\n", 1)
-    config.write_text(text + spark_section(
-        tmp / "dataset", remote=server.remote, token_env=TOKEN_ENV,
-        commit_rows=commit_rows, commit_interval=commit_interval))
+    where = {"master": "local[2]"} if server is None else \
+        {"remote": server.remote, "token_env": TOKEN_ENV}
+    commits = {k: v for k, v in (("commit_rows", commit_rows),
+                                 ("commit_interval", commit_interval)) if v is not None}
+    config.write_text(text + spark_section(tmp / "dataset", **where, **commits))
     return config
 
 
@@ -77,10 +82,10 @@ def committer(sock: Path) -> dict:
     return stage_stats(status(sock)).get("committer_default", {})
 
 
-def kill_in_a_commit(sock: Path, stage: str, *, after_commits: int = 1,
-                     timeout: float = 300) -> int:
-    """SIGKILL ``stage`` while the committer runs a Spark job, once the committer (its
-    current incarnation) has made ``after_commits`` commits; returns the pid killed."""
+def in_a_commit(sock: Path, stage: str = "committer_default", *, after_commits: int = 1,
+                timeout: float = 600) -> dict[str, int]:
+    """The stages' pids, once the committer runs a Spark job after its current
+    incarnation made ``after_commits`` commits (and ``stage`` runs)."""
     def ready() -> dict[str, int] | None:
         c = committer(sock)
         if c.get("committing", 0) > 0 and c.get("commits", 0) >= after_commits:
@@ -88,10 +93,22 @@ def kill_in_a_commit(sock: Path, stage: str, *, after_commits: int = 1,
             return pids if stage in pids else None
         return None
 
-    pids = wait_until(ready, timeout=timeout, interval=0.05,
+    return wait_until(ready, timeout=timeout, interval=0.05,
                       message=f"the committer in a job after {after_commits} commit(s)")
-    os.kill(pids[stage], signal.SIGKILL)
-    return pids[stage]
+
+
+def kill_in_a_commit(sock: Path, stage: str, *, after_commits: int = 1,
+                     timeout: float = 600) -> dict[str, int]:
+    """SIGKILL ``stage`` while the committer runs a Spark job (:func:`in_a_commit`);
+    ``stage`` "jvm": the JVM of the daemon's own Spark server.  Returns the stages' pids
+    at that moment."""
+    pids = in_a_commit(sock, "spark" if stage == "jvm" else stage,
+                       after_commits=after_commits, timeout=timeout)
+    if stage == "jvm":
+        the_jvm(pids["spark"]).kill()
+    else:
+        os.kill(pids[stage], signal.SIGKILL)
+    return pids
 
 
 def finish(daemon: subprocess.Popen, log: Path, timeout: float = 900) -> str:
@@ -135,3 +152,49 @@ def test_a_redelivery_behind_a_backlog_after_a_committer_restart_is_not_written_
     # the late copies were there, and found in the dataset
     assert "redelivered message(s) of this group are in the dataset already" in err, \
         err[-3000:]
+
+
+def restarted(sock: Path, stage: str, old: int) -> bool:
+    try:
+        pids = stage_pids(sock)
+    except (AssertionError, subprocess.TimeoutExpired):   # the daemon busy restarting
+        return False
+    return stage in pids and pids[stage] != old
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("n", "rounds"), [(150_000, 1), (300_000, 2)])
+def test_the_users_run_with_every_kill_in_turn_writes_each_id_once(
+        short_tmp: Path, rabbit, n: int, rounds: int) -> None:
+    """The user's report, as run: ``n`` messages with unique ids, the producer limited
+    to 600 a second with the automatic prefetch window (the backlog sits in it), two
+    processors, a batcher of 2,000-row batches and two batch processors, the daemon's own
+    Spark with the default commit settings; during a commit, in turn: a batch processor,
+    the committer, the Spark JVM, then the daemon's whole process group SIGKILLed;
+    ``rounds`` times (each daemon after the first is a rerun); then a rerun until idle.
+    Every id exactly once, 0 lost, the queue empty."""
+    queue = rabbit.queue()
+    ids = publish(rabbit, queue, n)
+    config = backlog_config(short_tmp, None, queue, rate=600, prefetch="auto",
+                            batch_size=2000, commit_rows=None, commit_interval=None)
+    sock = short_tmp / "run" / "control.sock"
+    logs = []
+    for r in range(rounds):
+        daemon, log = start(config, short_tmp, None, group=True)
+        try:
+            for stage in ("batch_processor_default_0", "committer_default", "jvm"):
+                pids = kill_in_a_commit(sock, stage)
+                who = "committer_default" if stage == "jvm" else stage
+                wait_until(lambda: restarted(sock, who, pids[who]), timeout=600,
+                           interval=0.5, message=f"{who} restarted")
+            kill_the_process_group(daemon, in_a_commit(sock).values())
+        finally:
+            if daemon.poll() is None:
+                daemon.kill()
+                daemon.wait()
+        logs.append(log.read_text())
+        assert daemon.returncode == -signal.SIGKILL, logs[-1][-3000:]
+    daemon, log = start(config, short_tmp, None)
+    err = "".join(logs) + finish(daemon, log, timeout=3600)
+    assert_each_id_once(short_tmp, ids, err)
+    assert rabbit.ready(queue) == 0, "messages left in the queue"
