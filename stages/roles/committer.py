@@ -28,6 +28,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from typing import Any
 
 import pyarrow as pa
@@ -102,7 +103,8 @@ class CommitterStage(Stage):
         from ..spark.spark_sink import SparkSink  # pyspark only in this stage
 
         self.sink = SparkSink(**self.sink_settings, writer_id=self.id,
-                              should_stop=lambda: not self.running)
+                              should_stop=lambda: not self.running,
+                              session_id=self._new_session())
         self.staging = StagingDir(self.staging_root)
         # every batch processor of this batcher restarts after us (rest_for_one): what
         # is staged now belongs to incarnations that are gone (and a Spark job still
@@ -116,6 +118,37 @@ class CommitterStage(Stage):
         os.set_blocking(self._done_r, False)
         self.register_fd(self._done_r, self._on_job_done)
         self._start("schema", [], self._prepare)
+
+    def _new_session(self) -> str | None:
+        """This incarnation's Spark Connect session id, journaled before its first call;
+        the earlier incarnations' still there are settled before the first commit
+        (:meth:`_settle_sessions`).  None without exactly once."""
+        if self.journal is None:
+            return None
+        self._earlier_sessions = self.journal.sessions()
+        session = str(uuid.uuid4())
+        self.journal.add_session(session)
+        return session
+
+    def _settle_sessions(self) -> None:
+        """In the helper thread, before the last commits are read back: no job of an
+        earlier incarnation's session may still run on the server (one that finishes
+        after this read would land rows nobody checked: spark_sink's ``settle_session``)."""
+        from ..spark.spark_sink import CommitFailed
+
+        earlier = getattr(self, "_earlier_sessions", [])
+        if not earlier or self.journal is None:
+            return
+        for session in earlier:
+            try:
+                live = self.sink.settle_session(session)
+            except CommitFailed as exc:   # cannot tell: better stop than write twice
+                raise RuntimeError(f"cannot make sure an earlier incarnation's Spark jobs "
+                                   f"are over: {exc.reason}") from None
+            if live:
+                log.info("%s: %d Spark operation(s) of an earlier incarnation were still "
+                         "running; interrupted and waited for", self.id, live)
+        self.journal.settled(earlier)
 
     def teardown(self) -> None:
         # A job still running is waited for (heartbeating): left alone it would become a
@@ -429,6 +462,7 @@ class CommitterStage(Stage):
             except CommitFailed as exc:   # Spark unreachable: the first batch decides
                 log.warning("%s: could not read the dataset's schema (%s); the first batch "
                             "fixes it", self.id, exc.reason)
+        self._settle_sessions()
         stamps = self.journal.last(RECOVER) if self.journal is not None else []
         if stamps:
             try:

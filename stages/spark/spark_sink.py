@@ -169,6 +169,12 @@ def _missing(exc: BaseException) -> bool:
                                          "UNABLE_TO_INFER_SCHEMA"))
 
 
+def _session_gone(exc: BaseException) -> bool:
+    """The server does not know the session (any more): nothing of it can run."""
+    text = str(exc)
+    return "SESSION_NOT_FOUND" in text or "SESSION_CLOSED" in text
+
+
 def transient(exc: BaseException) -> bool:
     """Worth retrying: the server may answer differently in a moment."""
     if isinstance(exc, (_Timeout, OSError, grpc.RpcError)):
@@ -217,7 +223,7 @@ class SparkSink:
                  token_env: str | None = None, token_file: str | None = None,
                  write_retry_seconds: float = 60.0, write_timeout: float = 600.0,
                  staging: str | None = None, table: str | None = None,
-                 **options: Any) -> None:
+                 session_id: str | None = None, **options: Any) -> None:
         remote = remote or os.environ.get(spark_remote.ENV_REMOTE)
         if not remote:
             raise ValueError(f"SparkSink needs remote= or {spark_remote.ENV_REMOTE} in the "
@@ -246,6 +252,9 @@ class SparkSink:
         self.write_retry_seconds = float(write_retry_seconds)
         self.write_timeout = float(write_timeout)
         self.options = {str(k): str(v) for k, v in options.items()}
+        #: the server-side session's id (a UUID), chosen by the owner so that it can be
+        #: journaled before the first call (:meth:`settle_session`); None: pyspark's own
+        self.session_id = session_id
         self._spark: SparkSession | None = None
         self._spark_schema: StructType | None = None   # from the DDL, with our columns
         self._arrow_schema: pa.Schema | None = None     # from the DDL, data columns only
@@ -504,11 +513,7 @@ class SparkSink:
 
     def _session(self) -> SparkSession:
         if self._spark is None:
-            builder = DefaultChannelBuilder(self.remote)
-            token = spark_remote.token(self.token_file, self.token_env)
-            if token:
-                builder.set(DefaultChannelBuilder.PARAM_TOKEN, token)
-            spark = SparkSession.builder.channelBuilder(builder).create()
+            spark = SparkSession.builder.channelBuilder(self._builder(self.session_id)).create()
             try:
                 # pyspark's own policy retries UNAVAILABLE for ~10 minutes without telling
                 # us; keep it to quick blips so our bounded, heartbeating loop is in charge.
@@ -532,6 +537,77 @@ class SparkSink:
                 raise
             self._spark = spark
         return self._spark
+
+    def _builder(self, session_id: str | None) -> DefaultChannelBuilder:
+        builder = DefaultChannelBuilder(self.remote)
+        token = spark_remote.token(self.token_file, self.token_env)
+        if token:
+            builder.set(DefaultChannelBuilder.PARAM_TOKEN, token)
+        if session_id:
+            builder.set(DefaultChannelBuilder.PARAM_SESSION_ID, session_id)
+        return builder
+
+    def settle_session(self, session_id: str) -> int:
+        """Make sure no operation of the server-side session ``session_id`` (an earlier
+        incarnation's, gone) still runs: interrupt them all, then wait, asking the server
+        for the session's operations (Spark Connect's ``GetStatus``), until none is running
+        or terminating, and release the session.  Returns how many were still live at
+        the first look.
+
+        Why: a job of a committer SIGKILLed mid-commit can go on and finish on the
+        server after its client is gone (a cluster that did not see the connection drop:
+        a partition, a host that died), and its rows must be in the dataset before the
+        next incarnation reads its last commits back or looks redelivered messages up;
+        otherwise they land after that check, and the redelivered copies are written a
+        second time.  An interrupted job ends at its next task boundary, or once its
+        commit is done.  Bounded by ``write_timeout``; retried like a write;
+        :class:`CommitFailed` if the server cannot tell."""
+        from pyspark.sql.connect.client import SparkConnectClient
+        from pyspark.sql.connect.proto import base_pb2
+
+        states = base_pb2.GetStatusResponse.OperationStatus
+        live_states = {states.OPERATION_STATE_RUNNING, states.OPERATION_STATE_TERMINATING}
+        first: list[int] = []
+
+        def settle() -> int:
+            client = SparkConnectClient(connection=self._builder(session_id))
+            try:
+                client.set_retry_policies([DefaultPolicy(
+                    max_retries=3, initial_backoff=100, max_backoff=1000,
+                    backoff_multiplier=3.0, jitter=100, min_jitter_threshold=0)])
+                try:
+                    client.interrupt_all()
+                except Exception as exc:
+                    if _session_gone(exc):   # released, or a server that restarted
+                        return 0
+                    raise
+                deadline = time.monotonic() + self.write_timeout
+                while True:
+                    found = client._get_operation_statuses()
+                    live = [o.operation_id for o in found.operation_statuses
+                            if o.state in live_states]
+                    if not first:
+                        first.append(len(live))
+                    if not live:
+                        break
+                    if time.monotonic() > deadline:
+                        raise _Timeout(f"{len(live)} operation(s) of an earlier session "
+                                       f"still running after {self.write_timeout:.0f} s")
+                    self.on_wait()
+                    self._sleep(0.2)
+                try:
+                    client.release_session()
+                except Exception as exc:
+                    if not _session_gone(exc):
+                        raise
+                return first[0]
+            finally:
+                try:
+                    client.close()
+                except Exception:
+                    pass
+
+        return self._retrying(settle, "waiting for an earlier session's jobs to end")
 
     def _drop_session(self) -> None:
         """Close the channel (this also cancels an RPC stuck on it) and start afresh later."""
