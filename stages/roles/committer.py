@@ -360,8 +360,10 @@ class CommitterStage(Stage):
         wanted = pa.array(sorted({i for h in job for i in again.get(id(h), ())}), pa.string())
         if not len(wanted):
             return job
+        t0 = time.monotonic()
         found = self.sink.ids_present(self.spec.batcher, wanted)
         self._job_out["looked_up"] = len(wanted)
+        self._job_out["lookup_seconds"] = time.monotonic() - t0
         if not len(found):
             return job
         left_out: dict[int, int] = self._job_out.setdefault("left_out", {})
@@ -562,13 +564,14 @@ class CommitterStage(Stage):
     def _count_found(self, out: dict[str, Any]) -> None:
         """The redelivered messages the job's lookup found in the dataset: counted as
         ``already_written`` (``looked_up``: how many were looked up)."""
-        if "looked_up" in out:
-            self.counters["looked_up"] += out["looked_up"]
+        if "looked_up" not in out:
+            return
+        self.counters["looked_up"] += out["looked_up"]
         found = out.get("found", 0)
-        if found:
-            self.counters["already_written"] += found
-            log.info("%s: %d redelivered message(s) of this group are in the dataset "
-                     "already: acknowledged, not written again", self.id, found)
+        self.counters["already_written"] += found
+        log.info("%s: %d of %d redelivered message(s) of this group are in the dataset "
+                 "already (looked up in %.2f s): acknowledged, not written again", self.id,
+                 found, out["looked_up"], out["lookup_seconds"])
 
     def _doubt_files(self, names: list[str]) -> None:
         assert self.staging is not None
