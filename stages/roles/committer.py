@@ -45,6 +45,12 @@ from ..wire import commands, protocol
 
 log = logging.getLogger("offbroadway.committer")
 
+#: a Spark call running longer than this makes the committer check whether Spark can be
+#: reached at all (SparkSink.probe), once a second while it runs
+PROBE_AFTER = 2.0
+#: how long a probe waits for a connection
+PROBE_TIMEOUT = 2.0
+
 #: settings in the spec's ``spark`` dict that are the committer's, not the sink's
 GROUP_KEYS = ("commit_rows", "commit_interval", "exactly_once", "peer_batches")
 
@@ -97,6 +103,10 @@ class CommitterStage(Stage):
         self._timer_at: float | None = None
         #: the last job that wrote rows: (epoch seconds it ended, rows, seconds it took)
         self._last_commit: tuple[float, int, float] | None = None
+        #: Spark found unreachable: (epoch seconds since, why); see _watch_spark
+        self._down: tuple[float, str] | None = None
+        self._probing = False
+        self._earlier_sessions: list[str] = []
 
     # -- wiring --------------------------------------------------------------------------
     def setup(self) -> None:
@@ -118,6 +128,7 @@ class CommitterStage(Stage):
         os.set_blocking(self._done_r, False)
         self.register_fd(self._done_r, self._on_job_done)
         self._start("schema", [], self._prepare)
+        self.call_later(1.0, self._watch_spark)
 
     def _new_session(self) -> str | None:
         """This incarnation's Spark Connect session id, journaled before its first call;
@@ -136,7 +147,7 @@ class CommitterStage(Stage):
         after this read would land rows nobody checked: spark_sink's ``settle_session``)."""
         from ..spark.spark_sink import CommitFailed
 
-        earlier = getattr(self, "_earlier_sessions", [])
+        earlier = self._earlier_sessions
         if not earlier or self.journal is None:
             return
         for session in earlier:
@@ -149,6 +160,44 @@ class CommitterStage(Stage):
                 log.info("%s: %d Spark operation(s) of an earlier incarnation were still "
                          "running; interrupted and waited for", self.id, live)
         self.journal.settled(earlier)
+
+    def _watch_spark(self) -> None:
+        """Once a second: while a Spark call has run for more than :data:`PROBE_AFTER`,
+        check in a thread of its own whether Spark can be reached at all.  A partition
+        leaves the job's call hanging without an error for as long as TCP retries, so
+        only a probe tells an operator that Spark is unreachable, and since when
+        (``status``: ``spark_unreachable_since``), rather than a job that is just long."""
+        self.call_later(1.0, self._watch_spark)
+        if self._job is None or self._probing or self.sink is None or \
+                time.monotonic() - self._job_started < PROBE_AFTER:
+            return
+        self._probing = True
+        threading.Thread(target=self._probe, name="spark-probe", daemon=True).start()
+
+    def _probe(self) -> None:
+        at = time.time()
+        try:
+            why = self.sink.probe(PROBE_TIMEOUT)
+        except Exception as exc:   # a probe must never take the stage down
+            why = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._probing = False
+        self._reachable(why, at)
+
+    def _reachable(self, why: str | None, at: float) -> None:
+        """What the last probe (or a job that wrote) found; logged when it changes."""
+        down = self._down
+        if why is None:
+            if down is not None:
+                log.info("%s: Spark reachable again (unreachable for %.0f s)", self.id,
+                         time.time() - down[0])
+            self._down = None
+        elif down is None:
+            self._down = (at, why)
+            log.warning("%s: Spark unreachable (%s); the job waits, and so does the source",
+                        self.id, why)
+        else:
+            self._down = (down[0], why)
 
     def teardown(self) -> None:
         # A job still running is waited for (heartbeating): left alone it would become a
@@ -171,6 +220,8 @@ class CommitterStage(Stage):
         return {**super().stats(), "waiting_batches": len(self.groups),
                 "waiting_rows": self.groups.waiting_rows,
                 "committing": sum(h.rows for h in self._job_items),
+                "spark_unreachable_since": None if self._down is None else self._down[0],
+                "spark_unreachable": None if self._down is None else self._down[1],
                 "last_commit": None if last is None else
                 {"at": last[0], "rows": last[1], "seconds": last[2]}}
 
@@ -618,6 +669,7 @@ class CommitterStage(Stage):
         left_out: dict[int, int] = out.get("left_out", {})
         rows = sum(h.rows - left_out.get(id(h), 0) for h in items if id(h) not in errors)
         if rows:
+            self._reachable(None, time.time())   # it wrote: Spark answers
             self.counters["commits"] += 1
             self.counters["out"] += rows
             self._last_commit = (time.time(), rows, took)

@@ -85,6 +85,7 @@ from pyspark.sql.connect.session import SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 
+from ..runtime.redact import mask_url
 from . import spark_remote
 from .spark_rows import RESERVED, convert
 from .spark_staging import StagingDir
@@ -546,6 +547,23 @@ class SparkSink:
         if session_id:
             builder.set(DefaultChannelBuilder.PARAM_SESSION_ID, session_id)
         return builder
+
+    def probe(self, timeout: float = 2.0) -> str | None:
+        """Whether Spark's endpoint answers now: None when a gRPC connection to it comes
+        up (TCP, TLS if any, and the server's HTTP/2 settings: through a relay too) within
+        ``timeout``, else why not, on one line.  No call, no token sent; ~10 ms when it
+        answers.  What ``status`` says while a job waits (a partition leaves the job's own
+        call hanging, without an error, for as long as TCP keeps retrying)."""
+        channel = self._builder(None).toChannel()
+        try:
+            grpc.channel_ready_future(channel).result(timeout=timeout)
+            return None
+        except grpc.FutureTimeoutError:
+            return f"no connection to {mask_url(self.remote)} within {timeout:g} s"
+        except Exception as exc:
+            return _one_line(exc)
+        finally:
+            channel.close()
 
     def settle_session(self, session_id: str) -> int:
         """Make sure no operation of the server-side session ``session_id`` (an earlier
