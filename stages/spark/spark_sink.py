@@ -159,7 +159,24 @@ def _one_line(exc: BaseException, limit: int = 300) -> str:
         if found:
             status = found.get("status", "").removeprefix("StatusCode.")
             first = f"{status}: {found.get('details', '')}".strip(": ")
+    cause = _root_cause(exc)
+    if cause and cause not in first:
+        cause = cause[:limit // 2]
+        return f"{type(exc).__name__}: {first}"[:limit - len(cause) - 3] + f" ({cause})"
     return f"{type(exc).__name__}: {first}"[:limit]
+
+
+def _root_cause(exc: BaseException) -> str | None:
+    """The deepest cause of a Spark error, from the server's stack trace: Spark says
+    "task failed while writing rows", the file system says why (``java.io.IOException:
+    No space left on device``), and only the latter tells an operator what to do."""
+    get = getattr(exc, "getStackTrace", None)
+    trace = get() if callable(get) else None
+    if not trace:
+        return None
+    causes = [line.removeprefix("Caused by: ").strip() for line in trace.splitlines()
+              if line.startswith("Caused by: ")]
+    return causes[-1] if causes else None
 
 
 def _missing(exc: BaseException) -> bool:
