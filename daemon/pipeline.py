@@ -152,6 +152,7 @@ class PipelineState:
                 "failed": board.sum(producers, "failed"),
                 "failed_to": board.failed_to(),
                 "sources_down": board.sources_down(),
+                "spark_down": board.spark_down(),
                 # a resize under way: the stages it removes that are finishing what they hold
                 "leaving": self.still_leaving()}
 

@@ -133,6 +133,8 @@ def header_lines(status: dict) -> list[str]:
         lines.append(f"failed messages: {status['failed_to']}")
     for down in status.get("sources_down") or []:
         lines.append(f"source not connected: {down}")
+    for down in status.get("spark_down") or []:
+        lines.append(f"Spark {down}")
     rate = status.get("rate_limit")
     if rate and rate.get("allowed_messages") is not None:
         lines.append(f"rate limit {rate['allowed_messages']} per {rate['interval']:g}s  "

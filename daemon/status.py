@@ -108,6 +108,19 @@ class Board:
             out.append(f"{p}: {src.get('state', 'not connected')}" + (f" ({err})" if err else ""))
         return out
 
+    def spark_down(self) -> list[str]:
+        """``committer_k: unreachable since HH:MM:SS UTC (N s): why`` for each committer
+        whose Spark does not answer (its probe, while a job waits: stages/roles/committer)."""
+        out = []
+        for stage, stats in self.stats.items():
+            since = stats.get("spark_unreachable_since")
+            if not since:
+                continue
+            clock = time.strftime("%H:%M:%S", time.gmtime(since))
+            out.append(f"{stage}: unreachable since {clock} UTC ({time.time() - since:.0f} s):"
+                       f" {stats.get('spark_unreachable') or '?'}")
+        return out
+
     def failed_to(self) -> str:
         """Where the source puts failed messages, as its producers report it."""
         places: list[str] = []

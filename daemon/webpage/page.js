@@ -327,6 +327,7 @@ function drawHeader(state) {
     if (st[f]) flags.push(html("span", {class: "warn"}, f));
   }
   for (const d of st.sources_down || []) flags.push(html("span", {class: "bad"}, "source down: " + d));
+  for (const d of st.spark_down || []) flags.push(html("span", {class: "bad"}, "Spark " + d));
   if ((st.leaving || []).length) flags.push(html("span", {class: "warn"}, "leaving: " + st.leaving.join(", ")));
   $("flags").replaceChildren(...flags);
 }

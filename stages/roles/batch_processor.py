@@ -193,7 +193,7 @@ class _SparkHandoff:
             return
         import pyarrow as pa
 
-        from ..spark import spark_rows
+        from ..spark import spark_rows, spark_staging
 
         converted = spark_rows.convert(rows, self.schema, self.partition_by, self.schema_error)
         if self.schema is None:
@@ -207,9 +207,11 @@ class _SparkHandoff:
             return
         ref = self.next_ref
         self.next_ref += 1
-        name = f"{self.stage.id}-{ref}.parquet"
+        # messages their source may have delivered before: the committer looks them up
+        again = spark_staging.redelivered_ids(converted.written)
+        name = spark_staging.staged_name(self.stage.id, ref, bool(again))
         try:
-            self.staging.write(table, name)
+            self.staging.write(table, name, again)
         except (OSError, pa.ArrowException) as exc:   # a full disk: fail, never crash
             reason = f"spark: staging the batch failed: {type(exc).__name__}: {exc}"
             for m in converted.written:

@@ -28,6 +28,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from typing import Any
 
 import pyarrow as pa
@@ -43,6 +44,12 @@ from ..spark.spark_staging import StagingDir, default_root
 from ..wire import commands, protocol
 
 log = logging.getLogger("offbroadway.committer")
+
+#: a Spark call running longer than this makes the committer check whether Spark can be
+#: reached at all (SparkSink.probe), once a second while it runs
+PROBE_AFTER = 2.0
+#: how long a probe waits for a connection
+PROBE_TIMEOUT = 2.0
 
 #: settings in the spec's ``spark`` dict that are the committer's, not the sink's
 GROUP_KEYS = ("commit_rows", "commit_interval", "exactly_once", "peer_batches")
@@ -78,7 +85,8 @@ class CommitterStage(Stage):
         self.sink_settings = settings
         self.staging: StagingDir | None = None
         self.sink: Any = None
-        self.counters.update(batches=0, commits=0, commit_failures=0, already_written=0)
+        self.counters.update(batches=0, commits=0, commit_failures=0, already_written=0,
+                             looked_up=0)
         self.accept(commands.Redelivery, self._on_redelivery)
         self.schema: pa.Schema | None = None          # the dataset's data columns
         self._schema_bytes: bytes | None = None        # with message_id, as IPC
@@ -95,13 +103,18 @@ class CommitterStage(Stage):
         self._timer_at: float | None = None
         #: the last job that wrote rows: (epoch seconds it ended, rows, seconds it took)
         self._last_commit: tuple[float, int, float] | None = None
+        #: Spark found unreachable: (epoch seconds since, why); see _watch_spark
+        self._down: tuple[float, str] | None = None
+        self._probing = False
+        self._earlier_sessions: list[str] = []
 
     # -- wiring --------------------------------------------------------------------------
     def setup(self) -> None:
         from ..spark.spark_sink import SparkSink  # pyspark only in this stage
 
         self.sink = SparkSink(**self.sink_settings, writer_id=self.id,
-                              should_stop=lambda: not self.running)
+                              should_stop=lambda: not self.running,
+                              session_id=self._new_session())
         self.staging = StagingDir(self.staging_root)
         # every batch processor of this batcher restarts after us (rest_for_one): what
         # is staged now belongs to incarnations that are gone (and a Spark job still
@@ -115,6 +128,76 @@ class CommitterStage(Stage):
         os.set_blocking(self._done_r, False)
         self.register_fd(self._done_r, self._on_job_done)
         self._start("schema", [], self._prepare)
+        self.call_later(1.0, self._watch_spark)
+
+    def _new_session(self) -> str | None:
+        """This incarnation's Spark Connect session id, journaled before its first call;
+        the earlier incarnations' still there are settled before the first commit
+        (:meth:`_settle_sessions`).  None without exactly once."""
+        if self.journal is None:
+            return None
+        self._earlier_sessions = self.journal.sessions()
+        session = str(uuid.uuid4())
+        self.journal.add_session(session)
+        return session
+
+    def _settle_sessions(self) -> None:
+        """In the helper thread, before the last commits are read back: no job of an
+        earlier incarnation's session may still run on the server (one that finishes
+        after this read would land rows nobody checked: spark_sink's ``settle_session``)."""
+        from ..spark.spark_sink import CommitFailed
+
+        earlier = self._earlier_sessions
+        if not earlier or self.journal is None:
+            return
+        for session in earlier:
+            try:
+                live = self.sink.settle_session(session)
+            except CommitFailed as exc:   # cannot tell: better stop than write twice
+                raise RuntimeError(f"cannot make sure an earlier incarnation's Spark jobs "
+                                   f"are over: {exc.reason}") from None
+            if live:
+                log.info("%s: %d Spark operation(s) of an earlier incarnation were still "
+                         "running; interrupted and waited for", self.id, live)
+        self.journal.settled(earlier)
+
+    def _watch_spark(self) -> None:
+        """Once a second: while a Spark call has run for more than :data:`PROBE_AFTER`,
+        check in a thread of its own whether Spark can be reached at all.  A partition
+        leaves the job's call hanging without an error for as long as TCP retries, so
+        only a probe tells an operator that Spark is unreachable, and since when
+        (``status``: ``spark_unreachable_since``), rather than a job that is just long."""
+        self.call_later(1.0, self._watch_spark)
+        if self._job is None or self._probing or self.sink is None or \
+                time.monotonic() - self._job_started < PROBE_AFTER:
+            return
+        self._probing = True
+        threading.Thread(target=self._probe, name="spark-probe", daemon=True).start()
+
+    def _probe(self) -> None:
+        at = time.time()
+        try:
+            why = self.sink.probe(PROBE_TIMEOUT)
+        except Exception as exc:   # a probe must never take the stage down
+            why = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._probing = False
+        self._reachable(why, at)
+
+    def _reachable(self, why: str | None, at: float) -> None:
+        """What the last probe (or a job that wrote) found; logged when it changes."""
+        down = self._down
+        if why is None:
+            if down is not None:
+                log.info("%s: Spark reachable again (unreachable for %.0f s)", self.id,
+                         time.time() - down[0])
+            self._down = None
+        elif down is None:
+            self._down = (at, why)
+            log.warning("%s: Spark unreachable (%s); the job waits, and so does the source",
+                        self.id, why)
+        else:
+            self._down = (down[0], why)
 
     def teardown(self) -> None:
         # A job still running is waited for (heartbeating): left alone it would become a
@@ -137,6 +220,8 @@ class CommitterStage(Stage):
         return {**super().stats(), "waiting_batches": len(self.groups),
                 "waiting_rows": self.groups.waiting_rows,
                 "committing": sum(h.rows for h in self._job_items),
+                "spark_unreachable_since": None if self._down is None else self._down[0],
+                "spark_unreachable": None if self._down is None else self._down[1],
                 "last_commit": None if last is None else
                 {"at": last[0], "rows": last[1], "seconds": last[2]}}
 
@@ -244,6 +329,8 @@ class CommitterStage(Stage):
             except (ValueError, OSError, pa.ArrowException) as exc:
                 # this batch alone does not fit the dataset (or its file is unreadable)
                 errors[id(h)] = f"spark: the batch does not fit the dataset's schema: {exc}"
+        if job and self.once:
+            self._job_out["again"] = self._again_of(job)
         if job and self.doubt.active():
             try:
                 job = self._still_to_write(job)
@@ -290,6 +377,66 @@ class CommitterStage(Stage):
         log.info("%s: %d row(s) of this group may be in the dataset already (written "
                  "before a restart) or came twice (a stale copy and its redelivery): "
                  "acknowledged, not written again", self.id, skipped)
+        return out
+
+    def _again_of(self, job: list[Handed]) -> dict[int, list[str]]:
+        """The ids of the redelivered messages of each batch of ``job`` that has any (by
+        ``id(batch)``; read from the footers of the files the batch processors marked):
+        looked up in the dataset before the job (:meth:`_drop_written`)."""
+        assert self.staging is not None
+        again: dict[int, list[str]] = {}
+        for h in job:
+            try:
+                ids = self.staging.again(h.file)
+            except (OSError, pa.ArrowException, ValueError):
+                continue   # an unreadable file: Spark cannot read it either, the job fails
+            if ids:
+                again[id(h)] = ids
+        return again
+
+    def _drop_written(self, job: list[Handed]) -> list[Handed]:
+        """In the helper thread, before the job: the redelivered messages of ``job``
+        (:meth:`_again_of`) that the dataset already holds are left out of their staged
+        files, and acknowledged as written; a batch with no row left is out of the job.
+
+        Why a lookup in Spark rather than a window of recent commits: a redelivery can come
+        back any number of commits and restarts after its first copy was written (behind
+        a prefetched backlog, after the committer that wrote it died), and the dataset is
+        the one record of what was written that no restart loses.  The source's mark says
+        which messages can be there at all, so nothing else is looked up."""
+        again: dict[int, list[str]] = self._job_out.get("again") or {}
+        if not again:
+            return job
+        assert self.staging is not None
+        wanted = pa.array(sorted({i for h in job for i in again.get(id(h), ())}), pa.string())
+        if not len(wanted):
+            return job
+        t0 = time.monotonic()
+        found = self.sink.ids_present(self.spec.batcher, wanted)
+        self._job_out["looked_up"] = len(wanted)
+        self._job_out["lookup_seconds"] = time.monotonic() - t0
+        if not len(found):
+            return job
+        left_out: dict[int, int] = self._job_out.setdefault("left_out", {})
+        out: list[Handed] = []
+        dropped = 0
+        for h in job:
+            if id(h) not in again:
+                out.append(h)
+                continue
+            table = self.staging.read(h.file)
+            hit = pc.is_in(table.column("message_id"), value_set=found)
+            n = pc.sum(hit).as_py() or 0
+            if not n:
+                out.append(h)
+                continue
+            dropped += n
+            left_out[id(h)] = left_out.get(id(h), 0) + n
+            kept = table.filter(pc.invert(hit))
+            if len(kept):
+                self.staging.write(kept, h.file)
+                out.append(h)
+        self._job_out["found"] = dropped
         return out
 
     @staticmethod
@@ -368,6 +515,7 @@ class CommitterStage(Stage):
             except CommitFailed as exc:   # Spark unreachable: the first batch decides
                 log.warning("%s: could not read the dataset's schema (%s); the first batch "
                             "fixes it", self.id, exc.reason)
+        self._settle_sessions()
         stamps = self.journal.last(RECOVER) if self.journal is not None else []
         if stamps:
             try:
@@ -389,6 +537,14 @@ class CommitterStage(Stage):
         from ..spark.spark_sink import CommitFailed
 
         errors: dict[int, str] = self._job_out["errors"]
+        if job:
+            try:
+                job = self._drop_written(job)
+            except CommitFailed as exc:   # cannot check: do not write
+                for h in job:
+                    errors[id(h)] = f"spark: looking up redelivered messages in the " \
+                                    f"dataset failed: {exc.reason}"
+                return
         if not job:
             return
         assert self.staging is not None and schema is not None
@@ -456,6 +612,18 @@ class CommitterStage(Stage):
         self._restarted = False
         self.staging.remove(gone)
 
+    def _count_found(self, out: dict[str, Any]) -> None:
+        """The redelivered messages the job's lookup found in the dataset: counted as
+        ``already_written`` (``looked_up``: how many were looked up)."""
+        if "looked_up" not in out:
+            return
+        self.counters["looked_up"] += out["looked_up"]
+        found = out.get("found", 0)
+        self.counters["already_written"] += found
+        log.info("%s: %d of %d redelivered message(s) of this group are in the dataset "
+                 "already (looked up in %.2f s): acknowledged, not written again", self.id,
+                 found, out["looked_up"], out["lookup_seconds"])
+
     def _doubt_files(self, names: list[str]) -> None:
         assert self.staging is not None
         for name in names:
@@ -494,12 +662,14 @@ class CommitterStage(Stage):
             self.waiting_hello.clear()
             return
         errors: dict[int, str] = out["errors"]
+        self._count_found(out)
         schema_ipc = self._schema_ipc()
         # the rows this job wrote: its batches that did not fail, less the rows left out
         # of them as already written (a failed job wrote none, whatever was left out)
         left_out: dict[int, int] = out.get("left_out", {})
         rows = sum(h.rows - left_out.get(id(h), 0) for h in items if id(h) not in errors)
         if rows:
+            self._reachable(None, time.time())   # it wrote: Spark answers
             self.counters["commits"] += 1
             self.counters["out"] += rows
             self._last_commit = (time.time(), rows, took)

@@ -102,6 +102,43 @@ class Journal:
             os.close(fd)
         self._lines += 1
 
+    # -- the server-side sessions of this committer's incarnations ----------------------
+    @property
+    def _sessions_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".sessions")
+
+    def sessions(self) -> list[str]:
+        """The Spark Connect session ids of incarnations not known to be over on the
+        server (oldest first): a new incarnation waits until none of their jobs runs."""
+        try:
+            return [s for s in self._sessions_path.read_text().split() if s]
+        except FileNotFoundError:
+            return []
+
+    def add_session(self, session_id: str) -> None:
+        """Durably, before the session's first call: a crash after this line leaves the
+        session findable by the next incarnation."""
+        fd = os.open(self._sessions_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.write(fd, f"\n{session_id}\n".encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def settled(self, settled: list[str]) -> None:
+        """The sessions ``settled`` are over on the server: forgotten (so the file holds
+        the running incarnation's, plus those of incarnations that died before settling)."""
+        gone = set(settled)
+        keep = [s for s in self.sessions() if s not in gone]
+        tmp = self._sessions_path.with_suffix(".tmp")
+        tmp.write_text("".join(f"{s}\n" for s in keep))
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self._sessions_path)
+
     def _compact(self) -> None:
         keep = [s.isoformat() for s in self.last(KEEP)]
         tmp = self.path.with_suffix(".tmp")

@@ -84,6 +84,7 @@ from pyspark.sql.connect.session import SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 
+from ..runtime.redact import mask_url
 from . import spark_remote
 from .spark_rows import RESERVED, convert
 from .spark_schema import SchemaProblem, ddl_fields_to_arrow
@@ -158,7 +159,24 @@ def _one_line(exc: BaseException, limit: int = 300) -> str:
         if found:
             status = found.get("status", "").removeprefix("StatusCode.")
             first = f"{status}: {found.get('details', '')}".strip(": ")
+    cause = _root_cause(exc)
+    if cause and cause not in first:
+        cause = cause[:limit // 2]
+        return f"{type(exc).__name__}: {first}"[:limit - len(cause) - 3] + f" ({cause})"
     return f"{type(exc).__name__}: {first}"[:limit]
+
+
+def _root_cause(exc: BaseException) -> str | None:
+    """The deepest cause of a Spark error, from the server's stack trace: Spark says
+    "task failed while writing rows", the file system says why (``java.io.IOException:
+    No space left on device``), and only the latter tells an operator what to do."""
+    get = getattr(exc, "getStackTrace", None)
+    trace = get() if callable(get) else None
+    if not trace:
+        return None
+    causes = [line.removeprefix("Caused by: ").strip() for line in trace.splitlines()
+              if line.startswith("Caused by: ")]
+    return causes[-1] if causes else None
 
 
 def _missing(exc: BaseException) -> bool:
@@ -167,6 +185,12 @@ def _missing(exc: BaseException) -> bool:
     text = str(exc)
     return any(code in text for code in ("PATH_NOT_FOUND", "TABLE_OR_VIEW_NOT_FOUND",
                                          "UNABLE_TO_INFER_SCHEMA"))
+
+
+def _session_gone(exc: BaseException) -> bool:
+    """The server does not know the session (any more): nothing of it can run."""
+    text = str(exc)
+    return "SESSION_NOT_FOUND" in text or "SESSION_CLOSED" in text
 
 
 def transient(exc: BaseException) -> bool:
@@ -217,7 +241,7 @@ class SparkSink:
                  token_env: str | None = None, token_file: str | None = None,
                  write_retry_seconds: float = 60.0, write_timeout: float = 600.0,
                  staging: str | None = None, table: str | None = None,
-                 **options: Any) -> None:
+                 session_id: str | None = None, **options: Any) -> None:
         remote = remote or os.environ.get(spark_remote.ENV_REMOTE)
         if not remote:
             raise ValueError(f"SparkSink needs remote= or {spark_remote.ENV_REMOTE} in the "
@@ -246,6 +270,9 @@ class SparkSink:
         self.write_retry_seconds = float(write_retry_seconds)
         self.write_timeout = float(write_timeout)
         self.options = {str(k): str(v) for k, v in options.items()}
+        #: the server-side session's id (a UUID), chosen by the owner so that it can be
+        #: journaled before the first call (:meth:`settle_session`); None: pyspark's own
+        self.session_id = session_id
         self._spark: SparkSession | None = None
         self._spark_schema: StructType | None = None   # from the DDL, with our columns
         self._arrow_schema: pa.Schema | None = None     # from the DDL, data columns only
@@ -341,6 +368,29 @@ class SparkSink:
             return table.column("message_id").combine_chunks()
 
         return self._retrying(query, f"reading the last commits of {dataset}")
+
+    def ids_present(self, batcher: str, ids: pa.Array) -> pa.Array:
+        """Which of ``ids`` the dataset already holds (none when it does not exist yet):
+        the check of redelivered messages (spark_once), whenever they come back.  One
+        query: the ids go as a local relation, semi-joined with the dataset's
+        ``message_id`` column (Spark reads that column only).  Retried like a write;
+        :class:`CommitFailed`."""
+        dataset = self.dataset_path(batcher)
+        probe = pa.table({"message_id": ids.cast(pa.string())})
+
+        def query() -> pa.Array:
+            table = self._read_query(
+                "looking up redelivered messages",
+                lambda spark: self._call(
+                    lambda: spark.createDataFrame(probe)
+                    .join(self._read(spark, dataset).select("message_id"), "message_id",
+                          "left_semi").distinct().toArrow()),
+                absent=_missing)
+            if table is None:
+                return pa.array([], pa.string())
+            return table.column("message_id").combine_chunks()
+
+        return self._retrying(query, f"looking up redelivered messages in {dataset}")
 
     def _rows_stamped(self, spark: SparkSession, dataset: str, stamps: Sequence[datetime]
                       ) -> Any:
@@ -481,11 +531,7 @@ class SparkSink:
 
     def _session(self) -> SparkSession:
         if self._spark is None:
-            builder = DefaultChannelBuilder(self.remote)
-            token = spark_remote.token(self.token_file, self.token_env)
-            if token:
-                builder.set(DefaultChannelBuilder.PARAM_TOKEN, token)
-            spark = SparkSession.builder.channelBuilder(builder).create()
+            spark = SparkSession.builder.channelBuilder(self._builder(self.session_id)).create()
             try:
                 # pyspark's own policy retries UNAVAILABLE for ~10 minutes without telling
                 # us; keep it to quick blips so our bounded, heartbeating loop is in charge.
@@ -509,6 +555,94 @@ class SparkSink:
                 raise
             self._spark = spark
         return self._spark
+
+    def _builder(self, session_id: str | None) -> DefaultChannelBuilder:
+        builder = DefaultChannelBuilder(self.remote)
+        token = spark_remote.token(self.token_file, self.token_env)
+        if token:
+            builder.set(DefaultChannelBuilder.PARAM_TOKEN, token)
+        if session_id:
+            builder.set(DefaultChannelBuilder.PARAM_SESSION_ID, session_id)
+        return builder
+
+    def probe(self, timeout: float = 2.0) -> str | None:
+        """Whether Spark's endpoint answers now: None when a gRPC connection to it comes
+        up (TCP, TLS if any, and the server's HTTP/2 settings: through a relay too) within
+        ``timeout``, else why not, on one line.  No call, no token sent; ~10 ms when it
+        answers.  What ``status`` says while a job waits (a partition leaves the job's own
+        call hanging, without an error, for as long as TCP keeps retrying)."""
+        channel = self._builder(None).toChannel()
+        try:
+            grpc.channel_ready_future(channel).result(timeout=timeout)
+            return None
+        except grpc.FutureTimeoutError:
+            return f"no connection to {mask_url(self.remote)} within {timeout:g} s"
+        except Exception as exc:
+            return _one_line(exc)
+        finally:
+            channel.close()
+
+    def settle_session(self, session_id: str) -> int:
+        """Make sure no operation of the server-side session ``session_id`` (an earlier
+        incarnation's, gone) still runs: interrupt them all, then wait, asking the server
+        for the session's operations (Spark Connect's ``GetStatus``), until none is running
+        or terminating, and release the session.  Returns how many were still live at
+        the first look.
+
+        Why: a job of a committer SIGKILLed mid-commit can go on and finish on the
+        server after its client is gone (a cluster that did not see the connection drop:
+        a partition, a host that died), and its rows must be in the dataset before the
+        next incarnation reads its last commits back or looks redelivered messages up;
+        otherwise they land after that check, and the redelivered copies are written a
+        second time.  An interrupted job ends at its next task boundary, or once its
+        commit is done.  Bounded by ``write_timeout``; retried like a write;
+        :class:`CommitFailed` if the server cannot tell."""
+        from pyspark.sql.connect.client import SparkConnectClient
+        from pyspark.sql.connect.proto import base_pb2
+
+        states = base_pb2.GetStatusResponse.OperationStatus
+        live_states = {states.OPERATION_STATE_RUNNING, states.OPERATION_STATE_TERMINATING}
+        first: list[int] = []
+
+        def settle() -> int:
+            client = SparkConnectClient(connection=self._builder(session_id))
+            try:
+                client.set_retry_policies([DefaultPolicy(
+                    max_retries=3, initial_backoff=100, max_backoff=1000,
+                    backoff_multiplier=3.0, jitter=100, min_jitter_threshold=0)])
+                try:
+                    client.interrupt_all()
+                except Exception as exc:
+                    if _session_gone(exc):   # released, or a server that restarted
+                        return 0
+                    raise
+                deadline = time.monotonic() + self.write_timeout
+                while True:
+                    found = client._get_operation_statuses()
+                    live = [o.operation_id for o in found.operation_statuses
+                            if o.state in live_states]
+                    if not first:
+                        first.append(len(live))
+                    if not live:
+                        break
+                    if time.monotonic() > deadline:
+                        raise _Timeout(f"{len(live)} operation(s) of an earlier session "
+                                       f"still running after {self.write_timeout:.0f} s")
+                    self.on_wait()
+                    self._sleep(0.2)
+                try:
+                    client.release_session()
+                except Exception as exc:
+                    if not _session_gone(exc):
+                        raise
+                return first[0]
+            finally:
+                try:
+                    client.close()
+                except Exception:
+                    pass
+
+        return self._retrying(settle, "waiting for an earlier session's jobs to end")
 
     def _drop_session(self) -> None:
         """Close the channel (this also cancels an RPC stuck on it) and start afresh later."""

@@ -14,21 +14,46 @@ understand (``hdfs://…``, a shared mount) for a cluster.  Each batcher stages 
 ``<root>/<batcher>/``; a file is named ``<batch processor id>-<ref>.parquet``, so a batch
 processor's leftovers can be swept by name when it restarts.
 
+A batch holding messages their source marks as possibly delivered before (RabbitMQ's
+``redelivered``, a Redis pending entry, a JetStream ``num_delivered`` above 1: the
+message's ``metadata["redelivered"]``) is staged as ``<…>-<ref>.again.parquet`` with those
+messages' ids in the file's key-value metadata (:data:`AGAIN_KEY`): the committer looks
+those ids up in the dataset before writing them (docs/design-spark.md §5), and the name
+lets it skip the footer of every other file.
+
 pyarrow only: the batch processors import this, and they never import pyspark.
 """
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-__all__ = ["StagingDir", "default_root"]
+from ..wire.events import flagged
+
+__all__ = ["StagingDir", "default_root", "redelivered_ids", "staged_name"]
 
 SUFFIX = ".parquet"
+#: the name's mark of a batch that holds redelivered messages
+AGAIN = ".again"
+#: the Parquet key-value metadata key listing their ids (JSON)
+AGAIN_KEY = b"offbroadway.redelivered"
+
+
+def staged_name(stage_id: str, ref: int, again: bool = False) -> str:
+    """The staged file of batch ``ref`` of batch processor ``stage_id``."""
+    return f"{stage_id}-{ref}{AGAIN if again else ''}{SUFFIX}"
+
+
+def redelivered_ids(messages: Iterable[Any]) -> list[str]:
+    """The ids of the messages their source marks as possibly delivered before."""
+    return [str(m.id) for m in flagged(list(messages), "redelivered")]
 
 
 def default_root(state_dir: str) -> str:
@@ -51,11 +76,25 @@ class StagingDir:
         self.uri = f"file://{self.path}" if local else uri.rstrip("/")
         self.fs.create_dir(self.path, recursive=True)
 
-    def write(self, table: pa.Table, name: str) -> None:
+    def write(self, table: pa.Table, name: str, again: Sequence[str] = ()) -> None:
         """Write ``table`` as ``name`` (complete once this returns: only then is the name
-        handed to the committer).  Timestamps stay microseconds, Spark's precision."""
+        handed to the committer).  Timestamps stay microseconds, Spark's precision.
+        ``again``: the ids of its redelivered messages, kept in the file's metadata."""
+        if again:
+            meta = dict(table.schema.metadata or {})
+            meta[AGAIN_KEY] = json.dumps(list(again)).encode()
+            table = table.replace_schema_metadata(meta)
         pq.write_table(table, f"{self.path}/{name}", filesystem=self.fs,
                        coerce_timestamps="us", allow_truncated_timestamps=False)
+
+    def again(self, name: str) -> list[str]:
+        """The ids of the redelivered messages of staged file ``name`` (its footer only;
+        none unless its name has the mark)."""
+        if not name.endswith(AGAIN + SUFFIX):
+            return []
+        meta = pq.read_schema(f"{self.path}/{name}", filesystem=self.fs).metadata or {}
+        raw = meta.get(AGAIN_KEY)
+        return [str(i) for i in json.loads(raw)] if raw else []
 
     def read(self, name: str) -> pa.Table:
         return pq.read_table(f"{self.path}/{name}", filesystem=self.fs)

@@ -218,6 +218,9 @@ class _Unread:
     def __repr__(self) -> str:
         return "<not decoded>"
 
+    def __reduce__(self) -> str:
+        return "_UNREAD"     # one of it: a copied or pickled message still decodes on read
+
 
 _UNREAD = _Unread()
 _get_data, _set_data = Message.data.__get__, Message.data.__set__          # type: ignore
@@ -380,3 +383,19 @@ def data_values(messages: Sequence[Message]) -> list[Any]:
         return [m.data for m in messages]
     list(map(_set_data, messages, values))
     return values
+
+
+def flagged(messages: Sequence[Message], key: str) -> list[Message]:
+    """The messages whose metadata has ``key`` set to true (a broker's ``redelivered``).
+    Metadata nobody read is looked at in its bytes first (one C search per message; it may
+    find the key in a nested value, and that message is then decoded and read in full), so
+    a batch of first deliveries decodes no metadata."""
+    needle = pack(key) + pack(True)
+    out = []
+    for m in messages:
+        if _get_meta(m) is _UNREAD and needle not in m._meta_raw:
+            continue
+        metadata = m.metadata
+        if isinstance(metadata, dict) and metadata.get(key):
+            out.append(m)
+    return out

@@ -180,6 +180,8 @@ def slow(*values: object) -> object:
     slow("nats", "committer_default", 12_000),
     slow("nats", "producer_0", 12_000),
     slow("rabbitmq", JVM, 12_000),
+    slow("redis", JVM, 12_000),
+    slow("nats", JVM, 12_000),
 ])
 def test_sigkill_of_a_stage_during_a_commit_writes_each_once(
         request: pytest.FixtureRequest, short_tmp: Path, spark_server, source: str,
@@ -201,7 +203,8 @@ def test_sigkill_of_a_stage_during_a_commit_writes_each_once(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("source", "kill"), [
-    ("rabbitmq", "group"), ("redis", "group"), ("nats", "group"), ("rabbitmq", "daemon")])
+    ("rabbitmq", "group"), ("redis", "group"), ("nats", "group"), ("rabbitmq", "daemon"),
+    ("redis", "daemon"), ("nats", "daemon")])
 def test_sigkill_of_the_daemon_then_a_rerun_writes_each_once(
         request: pytest.FixtureRequest, short_tmp: Path, spark_server, source: str,
         kill: str) -> None:

@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Iterator
 
 import pytest
@@ -60,17 +61,23 @@ def spark_config(root: Path, **overrides: Any) -> SparkConfig:
     return SparkConfig(output=str(root / "out"), **overrides)
 
 
-def launch_server(root: Path) -> tuple[ServerHandle, int]:
-    """Start the server as the supervisor would; return it and the notify pipe's read end."""
+def launch_server(root: Path, *, wrap: Sequence[str] = (), port: int = 0,
+                  token: str | None = None) -> tuple[ServerHandle, int]:
+    """Start the server as the supervisor would; return it and the notify pipe's read end.
+    ``wrap``: a command it runs under (``ip netns exec NS``); ``port``: a fixed one;
+    ``token``: a given one (a restart on the same address, with the same credential)."""
     root.mkdir(parents=True, exist_ok=True)
-    p = plan(spark_config(root), runtime_dir=str(root), state_dir=str(root / "state"))
+    p = plan(spark_config(root, **({"port": port} if port else {})), runtime_dir=str(root),
+             state_dir=str(root / "state"))
     assert p.child is not None
     child_env = dict(p.child.env())  # type: ignore[operator]
+    if token is not None:
+        child_env["OFFBROADWAY_SPARK_TOKEN"] = token
     r, w = os.pipe()
     env = {**test_env(), **child_env, NOTIFY_FD_ENV: str(w)}
     out = root / "server.out"
     with open(out, "wb") as fh:
-        proc = subprocess.Popen(list(p.child.argv), env=env, pass_fds=(w,), stdout=fh,
+        proc = subprocess.Popen([*wrap, *p.child.argv], env=env, pass_fds=(w,), stdout=fh,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     os.close(w)
@@ -115,8 +122,8 @@ def wait_ready(handle: ServerHandle, r: int, timeout: float = READY_TIMEOUT) -> 
     threading.Thread(target=drain, daemon=True).start()
 
 
-def start_server(root: Path) -> ServerHandle:
-    handle, r = launch_server(root)
+def start_server(root: Path, **launch: Any) -> ServerHandle:
+    handle, r = launch_server(root, **launch)
     try:
         wait_ready(handle, r)
     except BaseException:

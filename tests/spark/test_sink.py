@@ -244,3 +244,18 @@ def test_spark_down_retries_within_bound_then_fails_everything(tmp_path):
     assert beats, "on_wait (the heartbeat) was not called while retrying"
     assert not out.exists()
     sink.close()
+
+
+def test_ids_present_finds_exactly_the_ids_the_dataset_holds(spark, sink_env, tmp_path):
+    """The lookup of redelivered messages: none before the dataset exists, then exactly
+    the ids written (once each, whatever the probe repeats), none of the others."""
+    import pyarrow as pa
+
+    out = _out(tmp_path)
+    sink = _sink(output=out, writer_id="committer_spark")
+    probe = pa.array([f"m-{i}" for i in range(0, 3000, 7)] + ["m-7", "nope"])
+    assert sink.ids_present("spark", probe).to_pylist() == []
+    sink.write("spark", [Message(f"m-{i}", {"seq": i}) for i in range(1000)])
+    found = sorted(sink.ids_present("spark", probe).to_pylist())
+    assert found == sorted(f"m-{i}" for i in range(0, 1000, 7))
+    sink.close()

@@ -23,6 +23,7 @@ from tests.e2e.test_pipeline import make_config, stage_pids, write_spool
 from tests.spark.test_pipeline_spark import (
     JVM,
     committing,
+    kill_the_daemon_alone,
     kill_the_process_group,
     run,
     sigkill_a_stage,
@@ -89,7 +90,8 @@ def test_a_table_needs_no_output_and_one_name_per_batcher(tmp_path: Path) -> Non
 def kill_during_a_commit(tmp: Path, config: Path, kill: str) -> str:
     """Run ``config`` until idle, SIGKILL ``kill`` once the committer runs a Spark job
     (after one committed): a stage by its id, :data:`JVM` (the daemon's Spark server's
-    JVM) or ``group`` (the daemon's whole process group, then a rerun until idle).  Returns
+    JVM), ``group`` (the daemon's whole process group) or ``daemon`` (the daemon process
+    alone: its stages die of it), the last two followed by a rerun until idle.  Returns
     the daemon's log (with the rerun's)."""
     sock = tmp / "run" / "control.sock"
 
@@ -99,18 +101,21 @@ def kill_during_a_commit(tmp: Path, config: Path, kill: str) -> str:
                    message="the committer in a Spark job")
         return stage_pids(sock)
 
-    if kill != "group":
+    if kill not in ("group", "daemon"):
         daemon, log = start_logged(config, tmp)
         return sigkill_a_stage(daemon, log, in_a_commit, kill)
     log = tmp / "daemon.err"
     with open(log, "w") as err_file:
         daemon = subprocess.Popen(offbroadway_cmd("run", str(config), "--until-idle"),
                                   cwd=REPO, env=test_env(), stdout=subprocess.DEVNULL,
-                                  stderr=err_file, start_new_session=True)
+                                  stderr=err_file, start_new_session=kill == "group")
     try:
         pids = in_a_commit()
         jvm = the_jvm(pids["spark"])
-        kill_the_process_group(daemon, pids.values())
+        if kill == "group":
+            kill_the_process_group(daemon, pids.values())
+        else:
+            kill_the_daemon_alone(daemon, pids.values())
         jvm.wait(60)   # the server's JVM dies with its wrapper (PDEATHSIG): Derby's lock
     finally:
         if daemon.poll() is None:
@@ -124,7 +129,8 @@ def kill_during_a_commit(tmp: Path, config: Path, kill: str) -> str:
 
 # its own Spark server with a catalog, then another session's JVM: long (pytest -m slow)
 @pytest.mark.slow
-@pytest.mark.parametrize("kill", ["batch_processor_spark_0", "committer_spark", JVM, "group"])
+@pytest.mark.parametrize("kill", ["batch_processor_spark_0", "committer_spark", JVM, "group",
+                                  "producer_0", "daemon"])
 def test_a_table_after_a_sigkill_during_a_commit_holds_every_line_once(
         short_tmp: Path, kill: str) -> None:
     """12,000 lines (2 ms each over two processors) into ``[spark] table`` through one

@@ -1,0 +1,160 @@
+"""The path into Spark under the faults of a real network (tests/spark/netns.py).
+
+The daemon runs in one network namespace, the Spark Connect server in another, joined by
+a veth pair; the link is taken down (a partition) while the committer runs a Spark job.
+RabbitMQ is the source (reached through a unix-socket relay, so only the way to Spark is
+broken).  Every published id is counted against the dataset: 0 lost, 0 twice; the broker
+is left empty; what was acked is never more than what was written; while the link is
+down the source is held (the producer fetches nothing more once the stages are full),
+memory stays bounded (the stages' RSS before, during, after) and ``status`` says Spark is
+unreachable and since when.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from offbroadway.supervision.tree import snapshot_nodes
+
+from tests.brokers.test_spark_no_window import backlog_config, publish
+from tests.brokers.test_spark_once_brokers import assert_each_id_once
+from tests.conftest import REPO, offbroadway_cmd, wait_until
+from tests.spark.conftest import start_server
+from tests.spark.netns import Link, link
+from tests.spark.test_pipeline_spark import TOKEN_ENV, daemon_env, rows, status
+
+pytestmark = [pytest.mark.broker, pytest.mark.spark]
+
+SERVER_PORT = 15003
+
+
+@pytest.fixture
+def net(short_tmp: Path):
+    yield from link(short_tmp)
+
+
+@pytest.fixture
+def far_spark(net: Link, short_tmp: Path):
+    """The Spark Connect server in its own namespace, at ``net.remote`` for the daemon."""
+    handle = start_server(short_tmp / "srv", wrap=net.exec(net.srv, []), port=SERVER_PORT)
+    net.relay_spark(SERVER_PORT)
+    handle.remote = net.remote
+    yield handle
+    if handle.proc.poll() is None:
+        handle.stop()
+
+
+def start_in(net: Link, config: Path, tmp: Path, server) -> tuple[subprocess.Popen, Path]:
+    """``run --until-idle`` in the client's namespace, stderr in a file."""
+    log = tmp / "daemon.err"
+    with open(log, "w") as err:
+        daemon = subprocess.Popen(net.exec(net.cli, offbroadway_cmd("run", str(config),
+                                                                    "--until-idle")),
+                                  cwd=REPO, env=daemon_env(server),
+                                  stdout=subprocess.DEVNULL, stderr=err)
+    return daemon, log
+
+
+def figures(sock: Path) -> dict:
+    """From one status: the stages' RSS (MiB, the Spark server not among them: it is
+    remote), the producer's fetched and acked, the committer's counters, spark_down."""
+    st = status(sock)
+    if not st:
+        return {}
+    nodes = {n["id"]: n for n in snapshot_nodes(st["tree"])}
+    msgs = {k: n.get("messages", {}) for k, n in nodes.items()}
+    rss = sum(n.get("rss_bytes") or 0 for k, n in nodes.items() if n.get("kind") == "worker")
+    return {"rss_mib": rss / 2**20, "fetched": msgs.get("producer_0", {}).get("in", 0),
+            "acked": st.get("acked", 0), "committer": msgs.get("committer_default", {}),
+            "spark_down": st.get("spark_down") or []}
+
+
+def partition_during_a_commit(net: Link, server, tmp: Path, rabbit, *, n: int,
+                              seconds: float) -> dict:
+    """RabbitMQ (``n`` messages, 2,000 a second) → one batcher → the far Spark; the link
+    down for ``seconds`` once the committer runs a job after a first commit.  Returns
+    what was seen."""
+    net.relay_rabbitmq()
+    queue = rabbit.queue()
+    ids = publish(rabbit, queue, n)
+    config = backlog_config(tmp, server, queue, rate=2000, prefetch=4000, batch_size=500,
+                            commit_rows=3000, commit_interval=0.5)
+    daemon, log = start_in(net, config, tmp, server)
+    sock = tmp / "run" / "control.sock"
+    seen: dict = {"during": []}
+    try:
+        def in_a_job() -> dict:
+            f = figures(sock)
+            c = f.get("committer", {})
+            return f if c.get("committing", 0) > 0 and c.get("commits", 0) > 0 else {}
+
+        seen["before"] = wait_until(in_a_job, timeout=300, interval=0.05,
+                                    message="the committer in a Spark job")
+        net.down()
+        t_down, down_at = time.monotonic(), time.time()
+        while time.monotonic() < t_down + seconds:
+            f = figures(sock)
+            if f:
+                f["t"] = time.monotonic() - t_down
+                f["written"] = len(rows(tmp / "dataset", "default"))
+                seen["during"].append(f)
+            time.sleep(0.5)   # sampling the partition's length, not waiting for a state
+        net.up()
+        t_up = time.monotonic()
+        commits = seen["during"][-1]["committer"].get("commits", 0)
+        wait_until(lambda: figures(sock).get("committer", {}).get("commits", 0) > commits,
+                   timeout=120, interval=0.1, message="a commit after the link came back")
+        seen["back_after"] = time.monotonic() - t_up
+        seen["after"] = figures(sock)
+        code = daemon.wait(600)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+    err = log.read_text()
+    assert code == 0, err[-3000:]
+    assert_each_id_once(tmp, ids, err)
+    assert rabbit.ready(queue) == 0, "messages left in the queue"
+    seen.update(down_at=down_at, log=err)
+    return seen
+
+
+def check_partition(seen: dict, seconds: float) -> None:
+    during = seen["during"]
+    # nothing acked that is not written (acks trail the commits; the dataset is read after
+    # the status, so a commit in between only makes the check looser, never wrong)
+    for f in during:
+        assert f["acked"] <= f["written"], f
+    # the source is held: after the first seconds the producer fetches nothing more
+    settled = [f for f in during if f["t"] >= seconds / 2]
+    assert settled and settled[-1]["fetched"] == settled[0]["fetched"], \
+        [(round(f["t"], 1), f["fetched"]) for f in during]
+    # memory bounded: the stages' RSS during the partition within 1.5 x before + 64 MiB
+    before = seen["before"]["rss_mib"]
+    peak = max(f["rss_mib"] for f in during)
+    assert peak <= 1.5 * before + 64, (before, peak)
+    # status said Spark is unreachable, and since about when the link went down
+    said = [f for f in during if f["spark_down"]]
+    assert said, "status never said Spark was unreachable"
+    line = said[-1]["spark_down"][0]
+    assert "committer_default: unreachable since" in line, line
+    since = seen["after"]["committer"].get("spark_unreachable_since") or \
+        said[-1]["committer"]["spark_unreachable_since"]
+    assert 0 <= since - seen["down_at"] <= 8, (since, seen["down_at"])
+    # and no longer once the link is back
+    assert not seen["after"]["spark_down"], seen["after"]["spark_down"]
+    print(f"\nlink down {seconds:g} s: RSS before {before:.0f} MiB, peak during "
+          f"{peak:.0f} MiB, after {seen['after']['rss_mib']:.0f} MiB; producer fetched "
+          f"{during[0]['fetched']} -> {during[-1]['fetched']} during; status said "
+          f"unreachable {said[0]['t']:.1f} s after the cut; a commit "
+          f"{seen['back_after']:.1f} s after the link came back\n  {line}")
+
+
+def test_a_partition_of_10_s_during_a_commit_writes_each_id_once(
+        net: Link, far_spark, short_tmp: Path, rabbit) -> None:
+    seen = partition_during_a_commit(net, far_spark, short_tmp, rabbit, n=30_000,
+                                     seconds=10)
+    check_partition(seen, 10)

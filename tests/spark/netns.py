@@ -1,0 +1,158 @@
+"""A real network between the daemon and Spark, to break: two network namespaces.
+
+The Spark Connect server runs in a namespace of its own (``srv``), the daemon in another
+(``cli``), joined by a veth pair with addresses only inside them (10.77.0.1 and
+10.77.0.2; the namespaces are private, so every test can use the same); faults come from
+the kernel's own tools on the client's end of the link: ``ip link set down``/``up`` (a
+partition), ``tc netem`` (delay, loss, reordering).  The machine's own network is not
+touched.
+
+Two ``socat`` relays stand where a cluster's address and a broker's would be:
+
+* in ``srv``, ``10.77.0.2:15002`` → the server's gRPC port on that namespace's loopback
+  (the server binds 127.0.0.1 whatever its namespace: daemon/spark_server.py);
+* in ``cli``, ``localhost:15002`` → ``10.77.0.2:15002``: pyspark speaks plaintext with a
+  token only to the literal host ``localhost`` (any other host means TLS);
+* in ``cli``, ``127.0.0.1:5672`` → a unix socket → the machine's RabbitMQ (unix sockets
+  cross network namespaces): the source is not behind the link being broken.
+
+Needs root (CI runs as root); otherwise the tests skip with the reason, or fail with it
+where ``OFFBROADWAY_REQUIRE_CI_TOOLS`` is set.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+SRV_ADDR, CLI_ADDR, PORT = "10.77.0.2", "10.77.0.1", 15002
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
+
+
+def cannot_make_namespaces() -> str | None:
+    """Why this machine cannot make the namespaces (None: it can)."""
+    missing = [t for t in ("ip", "tc", "socat") if shutil.which(t) is None]
+    if missing:
+        return f"{', '.join(missing)} not installed (iproute2, socat)"
+    if os.geteuid() != 0:
+        return "network namespaces need root (CI runs as root)"
+    probe = f"obprobe-{uuid.uuid4().hex[:6]}"
+    try:
+        _ip("netns", "add", probe)
+    except subprocess.CalledProcessError as exc:
+        return f"`ip netns add` failed: {exc.stderr.strip()}"
+    _ip("netns", "del", probe)
+    return None
+
+
+def require_namespaces() -> None:
+    reason = cannot_make_namespaces()
+    if reason is None:
+        return
+    if os.environ.get("OFFBROADWAY_REQUIRE_CI_TOOLS"):
+        pytest.fail(f"cannot make network namespaces: {reason}")
+    pytest.skip(f"cannot make network namespaces: {reason}")
+
+
+@dataclass
+class Link:
+    """The two namespaces, their veth pair and the relays."""
+
+    dir: Path
+    tag: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+    @property
+    def srv(self) -> str:
+        return f"obsrv-{self.tag}"
+
+    @property
+    def cli(self) -> str:
+        return f"obcli-{self.tag}"
+
+    @property
+    def dev(self) -> str:
+        """The client's end of the link (``tc`` and ``link set`` act here)."""
+        return f"obc{self.tag}"
+
+    @property
+    def remote(self) -> str:
+        return f"sc://localhost:{PORT}"
+
+    def exec(self, ns: str, argv: list[str]) -> list[str]:
+        return ["ip", "netns", "exec", ns, *argv]
+
+    def create(self) -> None:
+        peer = f"obs{self.tag}"
+        _ip("netns", "add", self.srv)
+        _ip("netns", "add", self.cli)
+        _ip("link", "add", self.dev, "netns", self.cli, "type", "veth", "peer", "name", peer,
+            "netns", self.srv)
+        for ns, dev, addr in ((self.cli, self.dev, CLI_ADDR), (self.srv, peer, SRV_ADDR)):
+            _ip("-n", ns, "addr", "add", f"{addr}/30", "dev", dev)
+            _ip("-n", ns, "link", "set", dev, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+
+    def relay(self, ns: str | None, listen: str, to: str) -> None:
+        argv = ["socat", listen, to]
+        self.procs.append(subprocess.Popen(self.exec(ns, argv) if ns else argv,
+                                           stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.DEVNULL))
+
+    def relay_spark(self, server_port: int) -> None:
+        self.relay(self.srv, f"TCP-LISTEN:{PORT},bind={SRV_ADDR},fork,reuseaddr",
+                   f"TCP:127.0.0.1:{server_port}")
+        self.relay(self.cli, f"TCP-LISTEN:{PORT},bind=127.0.0.1,fork,reuseaddr",
+                   f"TCP:{SRV_ADDR}:{PORT}")
+
+    def relay_rabbitmq(self) -> None:
+        sock = self.dir / "amqp.sock"
+        self.relay(None, f"UNIX-LISTEN:{sock},fork,unlink-early", "TCP:127.0.0.1:5672")
+        self.relay(self.cli, "TCP-LISTEN:5672,bind=127.0.0.1,fork,reuseaddr",
+                   f"UNIX-CONNECT:{sock}")
+
+    # -- faults ----------------------------------------------------------------------------
+    def down(self) -> None:
+        _ip("-n", self.cli, "link", "set", self.dev, "down")
+
+    def up(self) -> None:
+        _ip("-n", self.cli, "link", "set", self.dev, "up")
+
+    def netem(self, *spec: str) -> None:
+        """``tc qdisc replace … netem <spec>`` on the client's end (both directions of a
+        veth pass it: what the client sends, and, on the peer, nothing: give the delay
+        as the round trip's)."""
+        subprocess.run(["tc", "-n", self.cli, "qdisc", "replace", "dev", self.dev, "root",
+                        "netem", *spec], check=True, capture_output=True, timeout=30)
+
+    def clear(self) -> None:
+        subprocess.run(["tc", "-n", self.cli, "qdisc", "del", "dev", self.dev, "root"],
+                       capture_output=True, timeout=30)
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        for ns in (self.cli, self.srv):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+
+
+def link(tmp: Path) -> Iterator[Link]:
+    require_namespaces()
+    made = Link(tmp)
+    try:
+        made.create()
+        yield made
+    finally:
+        made.close()
