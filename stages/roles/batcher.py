@@ -21,7 +21,7 @@ from ..runtime.handler import load_handler
 from ..runtime.spec import StageSpec
 from ..runtime.stage import Stage, ZmqIO
 from ..wire import commands, protocol
-from ..wire.events import row_bytes, transcode
+from ..wire.events import Block, row_bytes
 from .consumer import Subscriptions
 from .downstream import Downstream
 
@@ -34,7 +34,7 @@ class Outgoing(NamedTuple):
     may take it) and, once fitted under the frame limit, its encoded frame."""
 
     key: Any
-    items: list[tuple]
+    items: Block | list[tuple]
     trigger: str
     partition: int | None
     frame: bytes | None = None
@@ -101,17 +101,20 @@ class BatcherStage(Stage):
                                 up.stage_id, exc)
                     continue
                 batch_key = msg[protocol.EVENTS_BATCH_KEY]
-                # rows, their data left as bytes (one codec per batch: a processor's frame
-                # of data nobody read may still be a broker's bodies)
-                raw = transcode(block.rows(), block.codec)
-                self.counters["in"] += len(raw)
-                if self.partition_of is None:
-                    self._emit(self.acc.add_run(batch_key, raw, now))
-                else:
+                # their data left as bytes, in one codec per batch (a processor's frame of
+                # data nobody read may still be a broker's bodies); counted batches grow
+                # by whole columns, byte budgets and partitions look at each event's row
+                block = block.transcoded()
+                self.counters["in"] += len(block)
+                if self.partition_of is not None:
                     partition_of = self.partition_of
                     self._emit(self.acc.add_many(
-                        [((batch_key, partition_of(r)), r) for r in raw], now))
-                self.subs.consumed(up, len(raw))
+                        [((batch_key, partition_of(r)), r) for r in block.rows()], now))
+                elif self.spec.batch_bytes:
+                    self._emit(self.acc.add_run(batch_key, block.rows(), now))
+                else:
+                    self._emit(self.acc.add_run(batch_key, block, now))
+                self.subs.consumed(up, len(block))
             elif msg[protocol.KIND_AT] == protocol.CANCEL:
                 self.subs.cancelled(up, msg[protocol.VALUE])
                 if msg[protocol.VALUE] == protocol.CANCEL_LEAVING:

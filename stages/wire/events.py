@@ -91,6 +91,29 @@ class Block:
     def rows(self) -> list[tuple]:
         return list(zip(self.origins, self.tokens, self.ids, self.datas, self.metas))
 
+    def extend(self, other: Block) -> None:
+        """Append ``other``'s events (of the same codec) in place: a batcher's partial batch
+        grows by whole columns, never event by event."""
+        if other.codec != self.codec:
+            raise ValueError("blocks of two codecs cannot be joined")
+        self.origins.extend(other.origins)
+        self.tokens.extend(other.tokens)
+        self.ids.extend(other.ids)
+        self.datas.extend(other.datas)
+        self.metas.extend(other.metas)
+
+    def transcoded(self) -> Block:
+        """This block with its data in the values codec (:data:`MSGPACK`): itself if it is."""
+        if self.codec == MSGPACK:
+            return self
+        return Block(MSGPACK, self.origins, self.tokens, self.ids,
+                     list(map(pack, self.datas)), self.metas)
+
+    def columns(self) -> list:
+        """The packed form of its columns (:func:`columns`)."""
+        return columns(self.codec, self.origins, self.tokens, self.ids, self.datas,
+                       self.metas)
+
 
 def open_block(cols: Any) -> Block:
     """A frame's decoded columns, checked and expanded (C-speed checks over the columns,
@@ -134,8 +157,8 @@ def columns(codec: int, origins: Sequence[int], tokens: Sequence[int], ids: Sequ
         if origins.count(first) == n:
             origins = first
         first = tokens[0]
-        if (type(first) is int and tokens[-1] == first + n - 1
-                and list(tokens) == list(range(first, first + n))):
+        if type(first) is int and tokens[-1] == first + n - 1 and (
+                tokens == (list if type(tokens) is list else tuple)(range(first, first + n))):
             tokens = first
         first = metas[0]
         if metas.count(first) == n:

@@ -224,9 +224,11 @@ def message_events(messages: Sequence[Message], batch_key: Any = DEFAULT) -> byt
     return _frame(EVENTS, None, batch_key, _pack(ev.message_columns(messages)))
 
 
-def batch(batch_key: Any, trigger: str, rows: Sequence[Sequence[Any]]) -> bytes:
-    """BATCH of event rows (their data in the values codec: the batcher keeps one)."""
-    return _frame(BATCH, batch_key, trigger, _pack(ev.row_columns(rows, ev.MSGPACK)))
+def batch(batch_key: Any, trigger: str, rows: ev.Block | Sequence[Sequence[Any]]) -> bytes:
+    """BATCH of events, a block or rows (their data in the values codec: the batcher keeps
+    one)."""
+    cols = rows.columns() if isinstance(rows, ev.Block) else ev.row_columns(rows, ev.MSGPACK)
+    return _frame(BATCH, batch_key, trigger, _pack(cols))
 
 
 def cancel(reason: str) -> bytes:
