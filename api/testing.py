@@ -125,16 +125,22 @@ def targets_from_config(config: Any) -> dict[str, SparkTarget]:
 
 # -- the wire, as the stages use it ----------------------------------------------------------
 
-def _from_source(items: list[tuple[Any, Any, dict]]) -> list[Message]:
+def _from_source(items: list[tuple]) -> list[Message]:
     """Messages as a processor receives them from a producer: through an EVENTS frame.
     A value the codec cannot carry fails its message as the producer fails it (its data
-    and metadata then travel as their ``repr``)."""
+    and metadata then travel as their ``repr``); an item with a fourth field arrives
+    failed with that reason (a spool line that is not JSON)."""
     from offbroadway.stages.wire import protocol
 
     healthy: list[tuple] = []
     out: list[Message] = []
-    for token, (msg_id, data, metadata) in enumerate(items):
+    for token, (msg_id, data, metadata, *status) in enumerate(items):
         event = [0, token, msg_id, data, metadata]
+        if status and status[0] is not None and protocol.packable(event):
+            m = protocol.address(Message(msg_id, data, metadata), 0, token)
+            m.status = status[0]
+            out.append(m)
+            continue
         if protocol.packable(event):
             healthy.append((msg_id, data, metadata, None))
             out.append(None)   # type: ignore[arg-type]   # filled below, in order
@@ -208,12 +214,13 @@ def _batches(batcher: str, runs: list[tuple[Any, list[bytes]]], size: int,
 
 # -- the run ---------------------------------------------------------------------------------
 
-def run(pipeline: Pipeline, items: list[tuple[Any, Any, dict]], *, context: Any = None,
+def run(pipeline: Pipeline, items: list[tuple], *, context: Any = None,
         batchers: dict[str, int] | None = None, batch_bytes: Iterable[str] = (),
         spark: dict[str, SparkTarget] | None = None) -> Result:
     """``(id, data, metadata)`` items through the pipeline as the daemon runs them (the
-    module doc).  ``batchers``: key → batch_size (bytes for the keys in ``batch_bytes``);
-    ``spark``: the batchers that write to Spark, with their targets."""
+    module doc); a fourth field, when not None, is why the source already failed it.
+    ``batchers``: key → batch_size (bytes for the keys in ``batch_bytes``); ``spark``: the
+    batchers that write to Spark, with their targets."""
     from offbroadway.stages.runtime import callbacks
 
     context = {} if context is None else context

@@ -310,12 +310,13 @@ def dataset_schema(path: str, format: str = "parquet") -> pa.Schema | None:
 
 
 def spark_struct(schema: pa.Schema, with_reserved: bool = True) -> StructType:
-    """The Spark schema of a dataset whose data columns are ``schema`` (as
-    ``spark.read`` shows it: plus ``message_id`` and ``ingested_at``)."""
+    """The Spark schema of a dataset whose data columns are ``schema``, as ``spark.read``
+    (or ``spark.table``) shows it: plus ``message_id`` and ``ingested_at``, every column
+    nullable (Spark reads the files' columns so, whatever they were written as)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    struct = from_arrow_schema(schema)
+    fields = list(from_arrow_schema(schema).fields)
     if with_reserved:
-        struct = StructType([*struct.fields, StructField("message_id", StringType(), False),
-                             StructField("ingested_at", TimestampType(), False)])
-    return struct
+        fields += [StructField("message_id", StringType()),
+                   StructField("ingested_at", TimestampType())]
+    return StructType([StructField(f.name, f.dataType, True) for f in fields])
