@@ -66,15 +66,20 @@ class SparkTarget:
     source: str = "inferred"
     error: str | None = None
     partition_by: tuple[str, ...] = ()
+    #: ``[spark] schema = "evolve"``: a new field becomes a new nullable column
+    evolve: bool = False
 
     @classmethod
     def of(cls, spec: Any, partition_by: Iterable[str] = ()) -> SparkTarget:
-        """``True`` (infer), a DDL string, an Arrow schema, or a target already."""
+        """``True`` or ``"fixed"`` (infer), ``"evolve"``, a DDL string, an Arrow schema,
+        or a target already."""
         if isinstance(spec, SparkTarget):
             return spec
         parts = tuple(partition_by)
-        if spec is True:
+        if spec is True or spec == "fixed":
             return cls(partition_by=parts)
+        if spec == "evolve":
+            return cls(partition_by=parts, evolve=True)
         if isinstance(spec, str):
             from offbroadway.stages.spark import spark_schema
 
@@ -114,12 +119,11 @@ def targets_from_config(config: Any) -> dict[str, SparkTarget]:
         else:
             path = os.path.join(spark.output, key)
         try:
-            found = spark_schema.dataset_schema(path, spark.format)
+            found = spark_schema.dataset_schema(path, spark.format, merge=spark.evolve)
         except ValueError:
             found = None     # a JSON dataset's schema needs Spark: inferred, as a new one
-        out[key] = (SparkTarget(found, "dataset", partition_by=tuple(spark.partition_by))
-                    if found is not None else
-                    SparkTarget(partition_by=tuple(spark.partition_by)))
+        out[key] = SparkTarget(found, "dataset" if found is not None else "inferred",
+                               partition_by=tuple(spark.partition_by), evolve=spark.evolve)
     return out
 
 
@@ -252,7 +256,11 @@ def run(pipeline: Pipeline, items: list[tuple], *, context: Any = None,
             rows = callbacks.handle_batch(pipeline, key, batch, info, context)
             result.batches.append((info, batch))
             if target is not None and rows:
-                from offbroadway.stages.spark import spark_rows
+                from offbroadway.stages.spark import spark_evolve, spark_rows
+
+                if target.evolve and schema is not None:   # as the batch processor does
+                    schema = spark_evolve.widen(schema, [m.data for m in rows
+                                                         if m.status is None])
 
                 converted = spark_rows.convert(rows, schema, target.partition_by,
                                                target.error)
@@ -268,10 +276,13 @@ def run(pipeline: Pipeline, items: list[tuple], *, context: Any = None,
             if schema is not None:
                 result.schemas[key] = schema
             result.schema_sources[key] = target.source
-    if tables:
+    if tables:   # in the dataset's final schema (evolve: earlier rows null in new columns)
         import pyarrow as pa
+        from offbroadway.stages.spark import spark_rows
 
-        result.tables = {k: pa.concat_tables(v) for k, v in tables.items()}
+        result.tables = {k: pa.concat_tables([spark_rows.conform(
+            t, result.schemas[k].append(spark_rows.ID_FIELD)) for t in v])
+            for k, v in tables.items()}
     return result
 
 
@@ -288,8 +299,9 @@ def test_messages(pipeline: Pipeline, data: Iterable[Any], *, context: Any = Non
     Failed messages go through ``handle_failed``.
 
     ``spark``: the batchers write to Spark: ``True`` (the schema inferred from the first
-    batch, as for a new dataset), a DDL string (``[spark] schema``), a pyarrow schema (an
-    existing dataset's data columns), or a dict batcher → one of those.  ``config``: a
+    batch, as for a new dataset), ``"evolve"`` (new fields become new columns), a DDL
+    string (``[spark] schema``), a pyarrow schema (an existing dataset's data columns),
+    a :class:`SparkTarget`, or a dict batcher → one of those.  ``config``: a
     config file's path (or a loaded ``Config``): its batchers' sizes, its ``[pipeline]
     context`` and its ``[spark]`` section (its DDL, else the existing dataset's schema, else
     inferred) unless given here."""
