@@ -73,6 +73,24 @@ def test_the_unit_test_fails_what_the_daemon_fails(short_tmp: Path, spark_server
     assert set(daemon_failed) == {i for i, d in enumerate(data)
                                   if d["kind"] in ("set", "object") or d["n"] in ("x", 2.5)}
 
+    # offbroadway test on the same lines: the same failures, the same rows
+    import subprocess
+
+    from tests.conftest import REPO, offbroadway_cmd, test_env
+
+    said = subprocess.run(offbroadway_cmd("test", str(config), str(spool / "done" / "a.jsonl")),
+                          cwd=REPO, env=test_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert said.returncode == EXIT_FAILED, said.stderr[-3000:]
+    out = said.stdout.splitlines()
+    failed_at = out.index(f"failed ({len(daemon_failed)}):")
+    printed = dict(line.strip().split(": ", 1) for line in out[failed_at + 1:])
+    assert printed == {f"a.jsonl:{seq + 1}": why for seq, why in daemon_failed.items()}
+    start = out.index(f"rows for spark ({len(daemon_written)}):")
+    assert sorted(json.loads(line)["seq"] for line in out[start + 1:start + 1 +
+                                                             len(daemon_written)]) == \
+        daemon_written
+
 
 DDLS = [
     "seq BIGINT, payload STRING, at TIMESTAMP",
