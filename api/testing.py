@@ -66,15 +66,20 @@ class SparkTarget:
     source: str = "inferred"
     error: str | None = None
     partition_by: tuple[str, ...] = ()
+    #: ``[spark] schema = "evolve"``: a new field becomes a new nullable column
+    evolve: bool = False
 
     @classmethod
     def of(cls, spec: Any, partition_by: Iterable[str] = ()) -> SparkTarget:
-        """``True`` (infer), a DDL string, an Arrow schema, or a target already."""
+        """``True`` or ``"fixed"`` (infer), ``"evolve"``, a DDL string, an Arrow schema,
+        or a target already."""
         if isinstance(spec, SparkTarget):
             return spec
         parts = tuple(partition_by)
-        if spec is True:
+        if spec is True or spec == "fixed":
             return cls(partition_by=parts)
+        if spec == "evolve":
+            return cls(partition_by=parts, evolve=True)
         if isinstance(spec, str):
             from offbroadway.stages.spark import spark_schema
 
@@ -114,38 +119,42 @@ def targets_from_config(config: Any) -> dict[str, SparkTarget]:
         else:
             path = os.path.join(spark.output, key)
         try:
-            found = spark_schema.dataset_schema(path, spark.format)
+            found = spark_schema.dataset_schema(path, spark.format, merge=spark.evolve)
         except ValueError:
             found = None     # a JSON dataset's schema needs Spark: inferred, as a new one
-        out[key] = (SparkTarget(found, "dataset", partition_by=tuple(spark.partition_by))
-                    if found is not None else
-                    SparkTarget(partition_by=tuple(spark.partition_by)))
+        out[key] = SparkTarget(found, "dataset" if found is not None else "inferred",
+                               partition_by=tuple(spark.partition_by), evolve=spark.evolve)
     return out
 
 
 # -- the wire, as the stages use it ----------------------------------------------------------
 
-def _from_source(items: list[tuple[Any, Any, dict]]) -> list[Message]:
+def _from_source(items: list[tuple]) -> list[Message]:
     """Messages as a processor receives them from a producer: their values encoded as the
     producer encodes them (:func:`~offbroadway.stages.wire.events.encode_items`), through an
     EVENTS frame.  A value the codec cannot carry fails its message as the producer fails it
-    (its value then travels as its ``repr``)."""
+    (its value then travels as its ``repr``); an item with a fourth field arrives failed with
+    that reason (a spool line that is not JSON)."""
     from offbroadway.stages.wire import events as ev
     from offbroadway.stages.wire import protocol
 
-    codec, ids, datas, metas, bad = ev.encode_items([(*item, None) for item in items])
+    codec, ids, datas, metas, bad = ev.encode_items([(i[0], i[1], i[2], None)
+                                                      for i in items])
+    bad = {k: f"{why}: it cannot be sent to the processors" for k, why in bad.items()}
     ids = [i if protocol.packable(i) else repr(i) for i in ids]
     for k, msg_id in enumerate(ids):
         if msg_id is not items[k][0] and k not in bad:
-            bad[k] = protocol.unpackable(items[k][0], "the id") or "the id"
+            why = protocol.unpackable(items[k][0], "the id") or "the id"
+            bad[k] = f"{why}: it cannot be sent to the processors"
+        elif k not in bad and len(items[k]) > 3 and items[k][3] is not None:
+            bad[k] = items[k][3]
     rows = ev.new_rows(0, 0, ids, datas, metas)
     out: list[Message] = []
     healthy = [row for k, row in enumerate(rows) if k not in bad]
     decoded = iter(_through_frame(healthy, None, codec) if healthy else [])
     for k, row in enumerate(rows):
         if k in bad:
-            [m] = _through_frame([row], f"{bad[k]}: it cannot be sent to the processors",
-                                 codec)
+            [m] = _through_frame([row], bad[k], codec)
             out.append(m)
         else:
             out.append(next(decoded))
@@ -214,12 +223,13 @@ def _batches(batcher: str, runs: list[tuple[Any, list[tuple]]], size: int,
 
 # -- the run ---------------------------------------------------------------------------------
 
-def run(pipeline: Pipeline, items: list[tuple[Any, Any, dict]], *, context: Any = None,
+def run(pipeline: Pipeline, items: list[tuple], *, context: Any = None,
         batchers: dict[str, int] | None = None, batch_bytes: Iterable[str] = (),
         spark: dict[str, SparkTarget] | None = None) -> Result:
     """``(id, data, metadata)`` items through the pipeline as the daemon runs them (the
-    module doc).  ``batchers``: key → batch_size (bytes for the keys in ``batch_bytes``);
-    ``spark``: the batchers that write to Spark, with their targets."""
+    module doc); a fourth field, when not None, is why the source already failed it.
+    ``batchers``: key → batch_size (bytes for the keys in ``batch_bytes``); ``spark``: the
+    batchers that write to Spark, with their targets."""
     from offbroadway.stages.runtime import callbacks
 
     context = {} if context is None else context
@@ -251,7 +261,11 @@ def run(pipeline: Pipeline, items: list[tuple[Any, Any, dict]], *, context: Any 
             rows = callbacks.handle_batch(pipeline, key, batch, info, context)
             result.batches.append((info, batch))
             if target is not None and rows:
-                from offbroadway.stages.spark import spark_rows
+                from offbroadway.stages.spark import spark_evolve, spark_rows
+
+                if target.evolve and schema is not None:   # as the batch processor does
+                    schema = spark_evolve.widen(schema, [m.data for m in rows
+                                                         if m.status is None])
 
                 converted = spark_rows.convert(rows, schema, target.partition_by,
                                                target.error)
@@ -267,10 +281,13 @@ def run(pipeline: Pipeline, items: list[tuple[Any, Any, dict]], *, context: Any 
             if schema is not None:
                 result.schemas[key] = schema
             result.schema_sources[key] = target.source
-    if tables:
+    if tables:   # in the dataset's final schema (evolve: earlier rows null in new columns)
         import pyarrow as pa
+        from offbroadway.stages.spark import spark_rows
 
-        result.tables = {k: pa.concat_tables(v) for k, v in tables.items()}
+        result.tables = {k: pa.concat_tables([spark_rows.conform(
+            t, result.schemas[k].append(spark_rows.ID_FIELD)) for t in v])
+            for k, v in tables.items()}
     return result
 
 
@@ -287,8 +304,9 @@ def test_messages(pipeline: Pipeline, data: Iterable[Any], *, context: Any = Non
     Failed messages go through ``handle_failed``.
 
     ``spark``: the batchers write to Spark: ``True`` (the schema inferred from the first
-    batch, as for a new dataset), a DDL string (``[spark] schema``), a pyarrow schema (an
-    existing dataset's data columns), or a dict batcher → one of those.  ``config``: a
+    batch, as for a new dataset), ``"evolve"`` (new fields become new columns), a DDL
+    string (``[spark] schema``), a pyarrow schema (an existing dataset's data columns),
+    a :class:`SparkTarget`, or a dict batcher → one of those.  ``config``: a
     config file's path (or a loaded ``Config``): its batchers' sizes, its ``[pipeline]
     context`` and its ``[spark]`` section (its DDL, else the existing dataset's schema, else
     inferred) unless given here."""

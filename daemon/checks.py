@@ -55,7 +55,8 @@ def source_refused(config: Config) -> str | None:
     (:meth:`Source.refused`), or None.  Not part of ``check``, which never connects."""
     from offbroadway.stages.sources import get_source
 
-    return get_source(config.producer.source).refused(config.producer.options)
+    return get_source(config.producer.source).refused(config.producer.options,
+                                                      pipeline=config.pipeline.name)
 
 
 def nothing_to_read(config: Config) -> str | None:

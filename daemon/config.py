@@ -166,6 +166,8 @@ class SparkConfig:
     format: str = "parquet"
     partition_by: tuple[str, ...] = ()
     schema: str = ""                    # DDL; empty: inferred from the first batch
+    #: ``schema = "evolve"``: a new field becomes a new nullable column (no DDL then)
+    evolve: bool = False
     master: str = "local[2]"
     driver_memory: str = "1g"
     port: int = 0                       # 0: a free port at every start
@@ -336,7 +338,8 @@ def _spark(t: _Table) -> SparkConfig:
         table=t.get("table", str, "", check=_table_check),
         format=t.get("format", str, "parquet", check=_one_of(SPARK_FORMATS)),
         partition_by=tuple(partition_by),
-        schema=t.get("schema", str, ""),
+        schema=_ddl(t),
+        evolve=str(t.raw.get("schema", "")).strip().lower() == "evolve",
         port=t.get("port", int, 0, check=lambda v: None if 0 <= v < 65536 else
                    "must be a TCP port, or 0 to pick a free one"),
         driver_memory=t.get("driver_memory", str, "1g", check=_driver_memory),
@@ -379,6 +382,13 @@ _TABLE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*\.)?[A-Za-z_][A-Za-z0-9_{}]*$")
 def _table_check(v: str) -> str | None:
     return None if _TABLE.match(v) and v.count("{") == v.count("{batcher}") else \
         "must be a table name, 'name' or 'db.name' ('{batcher}' in it: one table per batcher)"
+
+
+def _ddl(t: _Table) -> str:
+    """``schema``: a DDL, or ``"fixed"`` (the default: the first batch, or the dataset
+    already there, fixes the columns) or ``"evolve"`` (new fields become new columns)."""
+    value = t.get("schema", str, "")
+    return "" if value.strip().lower() in ("", "fixed", "evolve") else value
 
 
 def _output(t: _Table) -> str:

@@ -133,6 +133,7 @@ def sink_settings(spark: SparkConfig, state_dir: str = "") -> dict[str, Any]:
         "exactly_once": spark.exactly_once,
         "output": spark.output, "format": spark.format, "table": spark.table or None,
         "partition_by": list(spark.partition_by), "schema": spark.schema or None,
+        "evolve": spark.evolve,
         "write_retry_seconds": spark.write_retry_seconds,
         "write_timeout": spark.write_timeout,
         "commit_rows": spark.commit_rows, "commit_interval": spark.commit_interval}

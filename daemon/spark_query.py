@@ -43,6 +43,8 @@ class SessionPlan:
     token_env: str = ""
     #: batcher key -> ("table", name) or (format, path): each batcher's output
     datasets: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: ``schema = "evolve"``: a dataset's files differ in columns, read with mergeSchema
+    merge: bool = False
 
 
 def session_plan(config: Config) -> SessionPlan:
@@ -54,12 +56,12 @@ def session_plan(config: Config) -> SessionPlan:
         from offbroadway.stages.spark.spark_remote import normalize_remote
 
         return SessionPlan(remote=normalize_remote(spark.remote), token_file=spark.token_file,
-                           token_env=spark.token_env, datasets=datasets)
+                           token_env=spark.token_env, datasets=datasets, merge=spark.evolve)
     from .spark import catalog_conf
 
     return SessionPlan(master=spark.master,
                        conf={**LOCAL_CONF, **catalog_conf(spark, config.runtime.state_dir)},
-                       hive=bool(spark.table), datasets=datasets)
+                       hive=bool(spark.table), datasets=datasets, merge=spark.evolve)
 
 
 def open_session(config: Config) -> Any:
@@ -88,10 +90,13 @@ def open_session(config: Config) -> Any:
     return opened
 
 
-def read(session: Any, dataset: tuple[str, str]) -> Any:
-    """One batcher's output as a DataFrame."""
+def read(session: Any, dataset: tuple[str, str], merge: bool = False) -> Any:
+    """One batcher's output as a DataFrame (``merge``: every file's columns)."""
     kind, where = dataset
-    return session.table(where) if kind == "table" else session.read.format(kind).load(where)
+    if kind == "table":
+        return session.table(where)
+    reader = session.read.format(kind)
+    return (reader.option("mergeSchema", "true") if merge else reader).load(where)
 
 
 def snippet(config: Config) -> str:
@@ -120,8 +125,9 @@ def snippet(config: Config) -> str:
         lines.append("         .getOrCreate())")
     lines.append("")
     for key, (kind, where) in plan.datasets.items():
+        merged = '.option("mergeSchema", "true")' if plan.merge else ""
         read_it = (f"spark.table({where!r})" if kind == "table" else
-                   f"spark.read.format({kind!r}).load({where!r})")
+                   f"spark.read.format({kind!r}){merged}.load({where!r})")
         lines.append(f"{_identifier(key)} = {read_it}   # batcher {key!r}")
     return "\n".join(lines)
 
@@ -142,7 +148,7 @@ def run_sql(config: Config, query: str, *, limit: int = 20, as_json: bool = Fals
             if dataset == ("table", key):
                 continue      # the table is already there by that name
             try:
-                read(session, dataset).createOrReplaceTempView(key)
+                read(session, dataset, plan.merge).createOrReplaceTempView(key)
             except Exception as exc:   # no dataset yet: the view is missing, said once
                 print(f"offbroadway: spark: {key}: not registered: {_one_line(exc)}",
                       file=sys.stderr)

@@ -48,7 +48,7 @@ def verify(config: Config) -> int:
             kind, where = plan.datasets[key]
             dataset = f"table {where}" if kind == "table" else where
             try:
-                df = read(session, plan.datasets[key])
+                df = read(session, plan.datasets[key], plan.merge)
             except Exception as exc:   # no dataset yet: say so, it holds nothing twice
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
                 print(f"spark: {dataset}: nothing to read ({type(exc).__name__}: "

@@ -350,7 +350,8 @@ def build(config: Config, *, stage_env: Callable[[str], dict[str, str]] | None =
         if spark_settings is not None:
             cid = committer_id(key)
             topo.committers.append(cid)
-            bp_spark = {"partition_by": list(spark_settings.get("partition_by") or [])}
+            bp_spark = {"partition_by": list(spark_settings.get("partition_by") or []),
+                        "evolve": bool(spark_settings.get("evolve"))}
             # waits for its running job at shutdown (bounded by write_timeout); it keeps
             # the files of as many committed batches per batch processor as one may hold
             # unacked (its demand), whose ids are in doubt if it restarts

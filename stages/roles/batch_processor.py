@@ -165,6 +165,8 @@ class _SparkHandoff:
     def __init__(self, stage: BatchProcessorStage) -> None:
         self.stage = stage
         self.partition_by = tuple((stage.spec.spark or {}).get("partition_by") or ())
+        #: ``[spark] schema = "evolve"``: new fields widen the schema (spark_evolve)
+        self.evolve = bool((stage.spec.spark or {}).get("evolve"))
         self.schema: Any = None              # pa.Schema of the data columns, once known
         self.schema_bytes: bytes | None = None
         self.schema_error: str | None = None
@@ -195,6 +197,10 @@ class _SparkHandoff:
 
         from ..spark import spark_rows, spark_staging
 
+        if self.evolve and self.schema is not None:
+            from ..spark.spark_evolve import widen
+
+            self.schema = widen(self.schema, [m.data for m in rows if m.status is None])
         converted = spark_rows.convert(rows, self.schema, self.partition_by, self.schema_error)
         if self.schema is None:
             self.schema = converted.schema
@@ -247,6 +253,9 @@ class _SparkHandoff:
                 queued, self.queued = self.queued, []
                 for item in queued:
                     self.hand_off(*item)
+                # a queued batch none of whose rows fit is finished here, with no RESULT
+                # to come: the drain may be waiting for this stage's last batch
+                stage._maybe_done()
             elif kind == protocol.RESULT:
                 entry = self.pending.pop(msg[protocol.RESULT_REF], None)
                 if entry is None:

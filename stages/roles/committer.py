@@ -466,8 +466,16 @@ class CommitterStage(Stage):
         if h.schema == self._schema_bytes:
             return
         assert self.staging is not None
-        table = spark_rows.conform(self.staging.read(h.file),
-                                   self.schema.append(spark_rows.ID_FIELD))
+        staged = self.staging.read(h.file)
+        if self.sink_settings.get("evolve"):   # new fields: new columns (spark_evolve)
+            from ..spark.spark_evolve import widen_to
+
+            wider = widen_to(self.schema, staged.schema)
+            if len(wider) > len(self.schema):
+                self.schema = wider
+                self._schema_bytes = spark_rows.schema_to_ipc(
+                    self.schema.append(spark_rows.ID_FIELD))
+        table = spark_rows.conform(staged, self.schema.append(spark_rows.ID_FIELD))
         self.staging.write(table, h.file)
         h.schema = self._schema_bytes
 

@@ -156,7 +156,7 @@ class Source(abc.ABC):
         return []
 
     @classmethod
-    def refused(cls, options: Mapping[str, Any]) -> str | None:
+    def refused(cls, options: Mapping[str, Any], *, pipeline: str = "") -> str | None:
         """For ``run``, before anything starts (a JVM): the line :meth:`open` would raise as
         :class:`SourceError` (credentials, no such queue), found by connecting once; None
         when accepted, unreachable (retried by the source), or unknown (the default)."""

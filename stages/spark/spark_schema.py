@@ -283,12 +283,13 @@ def table_location(table: str, warehouse: str) -> str:
     return os.path.join(warehouse, name.lower())
 
 
-def dataset_schema(path: str, format: str = "parquet") -> pa.Schema | None:
+def dataset_schema(path: str, format: str = "parquet", merge: bool = False
+                   ) -> pa.Schema | None:
     """The data columns of the dataset at ``path`` as the sink's read through Spark gives
     them (``message_id``, ``ingested_at`` left out), or None when there is no dataset
-    there yet.  Parquet and ORC are read from their footers; another format (JSON, whose
-    types Spark infers from the values) raises :class:`ValueError`: that schema needs
-    Spark itself."""
+    there yet; ``merge``: every file's columns (``mergeSchema``), else the first's.
+    Parquet and ORC are read from their footers; another format (JSON, whose types Spark
+    infers from the values) raises :class:`ValueError`: that schema needs Spark itself."""
     if format not in ("parquet", "orc"):
         raise ValueError(f"the schema of a {format} dataset is inferred by Spark from its "
                          f"values: it cannot be read without Spark")
@@ -301,8 +302,14 @@ def dataset_schema(path: str, format: str = "parquet") -> pa.Schema | None:
                    if not f.startswith(("_", ".")) and f.endswith(f".{format}"))
     if not files:
         return None
-    found = ds.dataset(files, format=format, partitioning="hive",
-                       partition_base_dir=path).schema
+    dataset = ds.dataset(files, format=format, partitioning="hive", partition_base_dir=path)
+    found = dataset.schema
+    if merge:     # ``schema = "evolve"``: the sink reads it with mergeSchema
+        try:
+            found = pa.unify_schemas([found, *(f.physical_schema
+                                               for f in dataset.get_fragments())])
+        except (pa.ArrowException, ValueError):
+            pass    # types that disagree: Spark's merged read refuses it as well
     data = pa.schema([f for f in found if f.name not in RESERVED])
     if not len(data):
         return None
@@ -310,12 +317,13 @@ def dataset_schema(path: str, format: str = "parquet") -> pa.Schema | None:
 
 
 def spark_struct(schema: pa.Schema, with_reserved: bool = True) -> StructType:
-    """The Spark schema of a dataset whose data columns are ``schema`` (as
-    ``spark.read`` shows it: plus ``message_id`` and ``ingested_at``)."""
+    """The Spark schema of a dataset whose data columns are ``schema``, as ``spark.read``
+    (or ``spark.table``) shows it: plus ``message_id`` and ``ingested_at``, every column
+    nullable (Spark reads the files' columns so, whatever they were written as)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    struct = from_arrow_schema(schema)
+    fields = list(from_arrow_schema(schema).fields)
     if with_reserved:
-        struct = StructType([*struct.fields, StructField("message_id", StringType(), False),
-                             StructField("ingested_at", TimestampType(), False)])
-    return struct
+        fields += [StructField("message_id", StringType()),
+                   StructField("ingested_at", TimestampType())]
+    return StructType([StructField(f.name, f.dataType, True) for f in fields])

@@ -241,7 +241,8 @@ class SparkSink:
                  token_env: str | None = None, token_file: str | None = None,
                  write_retry_seconds: float = 60.0, write_timeout: float = 600.0,
                  staging: str | None = None, table: str | None = None,
-                 session_id: str | None = None, **options: Any) -> None:
+                 session_id: str | None = None, evolve: bool = False,
+                 **options: Any) -> None:
         remote = remote or os.environ.get(spark_remote.ENV_REMOTE)
         if not remote:
             raise ValueError(f"SparkSink needs remote= or {spark_remote.ENV_REMOTE} in the "
@@ -262,6 +263,9 @@ class SparkSink:
         self.format = format
         self.partition_by = tuple(partition_by)
         self.ddl = schema or None
+        #: ``[spark] schema = "evolve"``: new columns are added (spark_evolve); the
+        #: dataset is read with ``mergeSchema`` (its files' schemas differ)
+        self.evolve = evolve
         self.writer_id = writer_id
         self.on_wait = on_wait
         self.should_stop = should_stop
@@ -297,8 +301,12 @@ class SparkSink:
         return f"{self.output}/{batcher}"
 
     def _read(self, spark: SparkSession, dataset: str) -> Any:
-        return spark.table(dataset) if self.table else \
-            spark.read.format(self.format).load(dataset)
+        if self.table:
+            return spark.table(dataset)
+        reader = spark.read.format(self.format)
+        if self.evolve:
+            reader = reader.option("mergeSchema", "true")
+        return reader.load(dataset)
 
     def data_schema(self) -> pa.Schema | None:
         """The DDL's data columns as Arrow (parsed by the server, retried like a write), or
@@ -730,6 +738,8 @@ class SparkSink:
                 if self.options:
                     writer = writer.options(**self.options)
                 if self.table:   # created by the first write, in Spark's catalog
+                    if self.evolve:
+                        self._add_columns(spark, dataset, read_schema)
                     writer.saveAsTable(dataset)
                 else:
                     writer.save(dataset)
@@ -742,6 +752,25 @@ class SparkSink:
             if transient(exc):
                 self._drop_session()
             raise
+
+    def _add_columns(self, spark: SparkSession, table: str, schema: StructType) -> None:
+        """``schema = "evolve"``: the columns ``schema`` has that the table has not are
+        added to its catalog entry first (an append by name then fills them); nothing
+        when the table does not exist yet (the append creates it)."""
+        from .spark_evolve import add_columns_sql
+
+        try:
+            have = set(spark.table(table).columns)
+        except AnalysisException as exc:
+            if _missing(exc):
+                return
+            raise
+        new = [f for f in schema.fields if f.name not in have]
+        if new:
+            arrow = to_arrow_schema(StructType(new), timezone="UTC")
+            spark.sql(add_columns_sql(table, list(arrow)))
+            log.info("spark: added column(s) %s to table %s (schema = \"evolve\")",
+                     ", ".join(f.name for f in new), table)
 
     @contextlib.contextmanager
     def _dataset_lock(self, dataset: str) -> Iterator[None]:

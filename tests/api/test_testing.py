@@ -202,3 +202,56 @@ def test_ddl_the_parser_refuses_in_one_line() -> None:
         with pytest.raises(spark_schema.SchemaProblem) as exc:
             spark_schema.ddl_schema(ddl)
         assert says in exc.value.reason and "\n" not in exc.value.reason
+
+
+def test_evolve_adds_a_new_field_as_a_column_and_refuses_a_changed_type() -> None:
+    """``[spark] schema = "evolve"``: the second batch's new field ``c`` is a new nullable
+    column (the first batch's row has it null); a field whose type changes still fails,
+    with a line naming it and both types."""
+    import pyarrow as pa
+
+    class Grows(Pipeline):
+        def handle_message(self, processor, message, context):
+            return message.put_batcher("spark")
+
+    lines = [{"a": 1, "b": "x"}, {"a": 2, "b": "y", "c": 1.5}, {"a": "three", "b": "z"}]
+    result = test_messages(Grows(), lines, batchers={"spark": 1}, spark="evolve")
+    assert result.schemas["spark"] == pa.schema([("a", pa.int64()), ("b", pa.string()),
+                                                 ("c", pa.float64())])
+    assert [m.status for m in result.failed] == [
+        "spark: field 'a' does not fit the schema: expected int64, got string"]
+    fixed = test_messages(Grows(), lines, batchers={"spark": 1}, spark=True)
+    assert [m.status for m in fixed.failed][0].startswith(
+        "spark: field 'c' is not in the schema (a, b)")
+    from offbroadway.stages.spark.spark_evolve import widen_to
+
+    with pytest.raises(ValueError, match="field 'a' changed type: the dataset has int64, "
+                                         "this batch string"):
+        widen_to(pa.schema([("a", pa.int64())]), pa.schema([("a", pa.string())]))
+
+
+def test_evolve_against_an_existing_dataset_from_the_config(tmp_path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from offbroadway.daemon.config import validate
+
+    class Grows(Pipeline):
+        def handle_message(self, processor, message, context):
+            return message.put_batcher("spark")
+
+    out = tmp_path / "out"
+    (out / "spark").mkdir(parents=True)
+    pq.write_table(pa.table({"a": pa.array([1], pa.int64()), "message_id": ["m"]}),
+                   out / "spark" / "part-0.parquet")
+    raw = {"pipeline": {"name": "p", "handler": "x.y:Z"},
+           "producer": {"source": "spool", "options": {"path": str(tmp_path)}},
+           "batchers": {"spark": {"batch_size": 10}},
+           "spark": {"output": str(out), "schema": "evolve"},
+           "runtime": {"dir": str(tmp_path / "r"), "state_dir": str(tmp_path / "s")}}
+    result = test_messages(Grows(), [{"a": 2, "c": "new"}], config=validate(raw).config)
+    assert result.failed == [] and result.schema_sources == {"spark": "dataset"}
+    assert result.schemas["spark"].names == ["a", "c"]
+    raw["spark"]["schema"] = "fixed"
+    result = test_messages(Grows(), [{"a": 2, "c": "new"}], config=validate(raw).config)
+    assert [m.status for m in result.failed] == [
+        "spark: field 'c' is not in the schema (a)"]

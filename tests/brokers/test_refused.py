@@ -46,20 +46,23 @@ def test_refused_source_is_one_line_and_a_failed_exit(short_tmp: Path, rq: Any,
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     said = [ln for ln in proc.stderr.splitlines() if words in ln]
     assert len(said) == 1, proc.stderr[-3000:]
-    # said by the daemon before anything starts where the source can tell (rabbitmq),
-    # else by the producer's open()
-    where = "daemon" if source == "rabbitmq" else "producer_0"
-    assert f"ERROR [{where}] offbroadway.sources: {source} source: cannot " in said[0]
+    # said by the daemon, before anything starts (Source.refused), in open()'s words
+    assert f"ERROR [daemon] offbroadway.sources: {source} source: cannot " in said[0]
     assert "nope" not in proc.stderr          # a password is never shown
 
 
-@pytest.mark.parametrize("case", ["rabbitmq-credentials", "rabbitmq-no-queue"])
-def test_a_refused_source_is_said_before_the_jvm_starts(short_tmp: Path, case: str) -> None:
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_refused_source_is_said_before_the_jvm_starts(short_tmp: Path, rq: Any,
+                                                        case: str) -> None:
     """With ``[spark]`` (a local server: half a minute of JVM before the producers open):
     rc 1 and one line, in under 5 s, and no Spark server was started."""
     import time
 
     source, options, words = CASES[case]
+    if options.get("stream") == "<string key>":
+        options = {**options, "stream": unique("str")}
+        rq.set(options["stream"], "not a stream")
+        rq.test_streams.append(options["stream"])
     config = make_config(short_tmp, source=source, options=options,
                          batchers={"spark": {"batch_size": 10}})
     config.write_text(config.read_text() + f'\n[spark]\noutput = "{short_tmp / "out"}"\n'
@@ -71,7 +74,7 @@ def test_a_refused_source_is_said_before_the_jvm_starts(short_tmp: Path, case: s
     assert took < 5.0, (took, proc.stderr[-3000:])
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0], proc.stderr[-3000:]
-    assert "ERROR [daemon] offbroadway.sources: rabbitmq source: cannot consume" in lines[0]
+    assert f"ERROR [daemon] offbroadway.sources: {source} source: cannot " in lines[0]
     assert "nope" not in proc.stderr
     assert not (short_tmp / "state" / "spark").exists()     # no Spark server was started
 

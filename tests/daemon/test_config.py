@@ -336,3 +336,10 @@ def test_a_misspelt_source_option_gets_a_hint(tmp_path) -> None:
         check_source(validate(raw).config)
     assert str(err.value).startswith(
         "producer.options.queu: rabbitmq source: unknown option 'queu'; did you mean 'queue'?")
+
+
+def test_schema_is_a_ddl_or_fixed_or_evolve() -> None:
+    for value, ddl, evolve in (("", "", False), ("fixed", "", False), ("evolve", "", True),
+                               ("a BIGINT", "a BIGINT", False)):
+        spark = validate(with_("spark.schema", value)).config.spark
+        assert (spark.schema, spark.evolve) == (ddl, evolve)

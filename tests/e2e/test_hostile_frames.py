@@ -13,6 +13,7 @@ from pathlib import Path
 import msgpack
 import zmq
 from offbroadway.stages.wire import protocol
+from offbroadway.stages.wire.events import encode_rows
 from offbroadway.supervision.tree import snapshot_nodes
 
 from tests.conftest import start_daemon, wait_until
@@ -22,7 +23,7 @@ from tests.e2e.test_pipeline import make_config, write_spool
 
 
 def hostile_frames(rng: random.Random, n: int) -> list[list[bytes]]:
-    valid = protocol.events([[0, 1, "x", {}, {}]])
+    valid = protocol.events(encode_rows([(0, 1, "x", {}, {})]))
     out = []
     for i in range(n):
         choice = i % 5

@@ -73,6 +73,24 @@ def test_the_unit_test_fails_what_the_daemon_fails(short_tmp: Path, spark_server
     assert set(daemon_failed) == {i for i, d in enumerate(data)
                                   if d["kind"] in ("set", "object") or d["n"] in ("x", 2.5)}
 
+    # offbroadway test on the same lines: the same failures, the same rows
+    import subprocess
+
+    from tests.conftest import REPO, offbroadway_cmd, test_env
+
+    said = subprocess.run(offbroadway_cmd("test", str(config), str(spool / "done" / "a.jsonl")),
+                          cwd=REPO, env=test_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert said.returncode == EXIT_FAILED, said.stderr[-3000:]
+    out = said.stdout.splitlines()
+    failed_at = out.index(f"failed ({len(daemon_failed)}):")
+    printed = dict(line.strip().split(": ", 1) for line in out[failed_at + 1:])
+    assert printed == {f"a.jsonl:{seq + 1}": why for seq, why in daemon_failed.items()}
+    start = out.index(f"rows for spark ({len(daemon_written)}):")
+    assert sorted(json.loads(line)["seq"] for line in out[start + 1:start + 1 +
+                                                             len(daemon_written)]) == \
+        daemon_written
+
 
 DDLS = [
     "seq BIGINT, payload STRING, at TIMESTAMP",
@@ -91,3 +109,53 @@ def test_the_ddl_parser_agrees_with_spark(ddl: str, spark) -> None:
 
     assert spark_schema.ddl_schema(ddl) == spark_schema.ddl_fields_to_arrow(
         spark.createDataFrame([], schema=ddl).schema)
+
+
+def test_offbroadway_test_prints_the_rows_and_schema_spark_writes(short_tmp: Path,
+                                                                  spark_server) -> None:
+    """The README's example (config/example.toml, examples/orders.py) on a fixtures file:
+    ``offbroadway test`` says which rows and which schema a real run then writes."""
+    import re
+    import subprocess
+
+    from tests.conftest import REPO, offbroadway_cmd, test_env
+
+    fixtures = short_tmp / "orders.jsonl"
+    lines = (REPO / "examples" / "spool" / "orders-0000.jsonl").read_text().splitlines()[:40]
+    lines[7] = '{"order": 7, "qty": 1}'            # not an order: fails in handle_message
+    lines[9] = "{not json"                         # fails at the source
+    fixtures.write_text("\n".join(lines) + "\n")
+    (short_tmp / "spool").mkdir()
+    text = (REPO / "config" / "example.toml").read_text()
+    for old, new in (('path = "var/spool"', f'path = "{short_tmp / "spool"}"'),
+                     ('output = "var/orders"', f'output = "{short_tmp / "out"}"\n'
+                      f'remote = "{spark_server.remote}"\ntoken_env = "{TOKEN_ENV}"\n'
+                      f'commit_interval = 0.2'),
+                     ('master = "local[2]"\n', ""),
+                     ('listen = "127.0.0.1:9464"', 'listen = ""'),
+                     ('dir = "var/run"', f'dir = "{short_tmp / "run"}"'),
+                     ('state_dir = "var/state"', f'state_dir = "{short_tmp / "state"}"')):
+        assert old in text, old
+        text = text.replace(old, new)
+    config = short_tmp / "example.toml"
+    config.write_text(text)
+
+    said = subprocess.run(offbroadway_cmd("test", str(config), str(fixtures)), cwd=REPO,
+                          env=test_env(), capture_output=True, text=True, timeout=120)
+    assert said.returncode == EXIT_FAILED, said.stderr[-3000:]
+    out = said.stdout.splitlines()
+    start = out.index("rows for spark (38):")
+    predicted = {r["message_id"]: r for r in map(json.loads, out[start + 1:start + 39])}
+    schema = re.search(r"^schema for spark \(inferred\): (.*)$", said.stdout, re.M)
+    assert schema, said.stdout
+
+    (short_tmp / "spool" / "orders.jsonl").write_text(fixtures.read_text())
+    proc = run(config, daemon_env(spark_server))
+    assert proc.returncode == EXIT_FAILED, proc.stderr[-4000:]
+    written = {r["message_id"]: {k: v for k, v in r.items() if k != "ingested_at"}
+               for r in rows(short_tmp / "out", "spark")}
+    assert written == predicted
+    verify = subprocess.run(offbroadway_cmd("spark", "verify", str(config)), cwd=REPO,
+                            env=daemon_env(spark_server), capture_output=True, text=True,
+                            timeout=300)
+    assert f"  schema: {schema.group(1)}" in verify.stdout.splitlines(), verify.stdout

@@ -54,6 +54,12 @@ class NatsSource(Source):
         parse_options(options)
 
     @classmethod
+    def refused(cls, options: Mapping[str, Any], *, pipeline: str = "") -> str | None:
+        from .refusal import refusal
+
+        return refusal(parse_options(options, pipeline=pipeline))
+
+    @classmethod
     def preflight(cls, options: Mapping[str, Any]) -> list[str]:
         s = parse_options(options)
         return [not_contacted("NATS", s.url, f"the stream {s.stream!r}")]

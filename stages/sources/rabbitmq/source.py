@@ -111,7 +111,7 @@ class RabbitMQSource(Source):
         parse_options(options)
 
     @classmethod
-    def refused(cls, options: Mapping[str, Any]) -> str | None:
+    def refused(cls, options: Mapping[str, Any], *, pipeline: str = "") -> str | None:
         from .refusal import refusal
 
         return refusal(parse_options(options))

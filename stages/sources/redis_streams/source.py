@@ -122,6 +122,12 @@ class RedisStreamsSource(Source):
         self.oversized = self.undecodable = 0
 
     @classmethod
+    def refused(cls, options: Mapping[str, Any], *, pipeline: str = "") -> str | None:
+        from .refusal import refusal
+
+        return refusal(parse_options(options), pipeline)
+
+    @classmethod
     def preflight(cls, options: Mapping[str, Any]) -> list[str]:
         s = parse_options(options)
         return [not_contacted("Redis", s.url, f"the stream {s.stream!r}")]
