@@ -9,7 +9,7 @@ it on every call (as Elixir must) would only cost allocations on the hot path.
 The delivery envelope (where the message's acknowledgement goes: the index of the
 producer that emitted it and that producer's in-flight key) is the runtime's, not the
 user's, as Dramatiq keeps a broker's delivery tag on its ``MessageProxy`` rather than on
-its ``Message``.  The wire codec (:mod:`offbroadway.stages.wire.protocol`) sets it on the
+its ``Message``.  The wire codec (:mod:`offbroadway.stages.wire.events`) sets it on the
 messages it builds and reads it back, in two private slots, so that carrying it costs the
 hot path nothing (a proxy object per message would cost an allocation and an indirection
 on every attribute).  A message a handler builds itself has the empty envelope (producer
@@ -17,6 +17,12 @@ on every attribute).  A message a handler builds itself has the empty envelope (
 such as the yardstick in the benchmarks) may still give ``origin=`` / ``token=`` to the
 constructor and read them back as ``origin`` / ``token``; those names are read-only and
 the runtime never reads them.
+
+The messages a stage builds off the wire are of a subclass,
+:class:`offbroadway.stages.wire.events.WireMessage`, whose ``data`` and ``metadata`` stay
+the bytes they travelled as until something reads them: a handler that routes on the id
+or the batcher never pays for decoding a body, and a value nobody read goes on as it came.
+To user code they are ``Message``s like any other.
 """
 
 from __future__ import annotations
