@@ -181,12 +181,15 @@ def run_pipeline(workdir: Path, config_text: str, token: str, jvm: int) -> dict[
 
 
 def references(script: Path, spool: Path) -> dict[str, float]:
-    """``spark_references.py SPOOL 1``, run as it is: {"loop": rows/s, "alone": rows/s}."""
+    """``spark_references.py SPOOL 1``, run as it is: {"loop": rows/s, "alone": rows/s,
+    "cpu loop": its CPU µs per row, "cpu alone": …} (the CPU figures when it prints them)."""
     proc = subprocess.run([sys.executable, str(script), str(spool), "1"], env=_env(),
                           capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         raise SystemExit(f"references failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     found = dict(re.findall(r"^median (\w+) (\d+)", proc.stdout, re.M))
+    found |= {f"cpu {k}": v for k, v in
+              re.findall(r"^cpu per row (\w+) ([\d.]+) us", proc.stdout, re.M)}
     return {k: float(v) for k, v in found.items()} | {"load": os.getloadavg()[0]}
 
 
@@ -280,6 +283,11 @@ def main() -> int:
                       f"{ref['alone']:,.0f} rows/s (load {ref['load']:.1f}); pipeline / loop "
                       f"{r['rate'] / ref['loop']:.2f}, pipeline / alone "
                       f"{r['rate'] / ref['alone']:.2f}", flush=True)
+                if "cpu loop" in ref:
+                    mine = sum(r["us_per_row"].values())
+                    print(f"round {rnd + 1}: CPU us/row, every process and the JVM: pipeline "
+                          f"{mine:.1f}, loop {ref['cpu loop']:.1f} ({mine / ref['cpu loop']:.2f}x"
+                          f"), alone {ref.get('cpu alone', float('nan')):.1f}", flush=True)
             shutil.rmtree(spool_copy, ignore_errors=True)
             if args.commit:
                 rows, secs = args.commit.split("/")
