@@ -129,8 +129,16 @@ class ProducerStage(Stage):
         # the guard counts its own (metrics and reports both read the counters after this)
         self.counters.update(poison_strikes=self.poison.struck,
                              poison_failed=self.poison.failed)
-        s = super().stats()
         src = self.source.stats()
+        if "failures" in src:
+            # the source counts failed messages itself, each once however often it was
+            # delivered: the books' ``failed`` are the ones it rejected (a counter never goes
+            # down: those back in the queue are the gauge ``failing``), ``failures`` the
+            # failed deliveries
+            self.counters["failed"] = int(src.get("rejected") or 0)
+        s = super().stats()
+        if "failing" in src:
+            s["failing"] = int(src.get("failing") or 0)
         # a source without a connection (spool, generator) has no state and is always there
         connected = src.get("state", "connected") == "connected"
         s.update(inflight=len(self.inflight), buffered=len(self.buffer),
@@ -193,6 +201,7 @@ class ProducerStage(Stage):
             self.counters["acked"] += len(handles)
         if failures:
             self.source.fail(failures)
+            self.counters["failures"] = self.counters.get("failures", 0) + len(failures)
             self.counters["failed"] += len(failures)
 
     # -- moving events --------------------------------------------------------------------------
