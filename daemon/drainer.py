@@ -149,7 +149,10 @@ class Drainer:
         assert self.outcome is not None   # drain() took the books
         code, line = self.outcome.until_idle_exit()
         if line:
-            log.error("pipeline %s: %s", name, line)
+            # messages left unacked broke --until-idle's promise (ERROR); failed messages
+            # are the handler's verdicts, where the failure policy put them (WARNING)
+            log.log(logging.ERROR if code == outcome_mod.EXIT_UNACKED else logging.WARNING,
+                    "pipeline %s: %s", name, line)
             self.notifier.status("messages left unacked" if code == outcome_mod.EXIT_UNACKED
                                  else "some messages failed")
         return code

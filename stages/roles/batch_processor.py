@@ -266,8 +266,8 @@ class _SparkHandoff:
         if self.holding:
             n = sum(len(e[1]) for e in self.pending.values()) + sum(
                 len(q[2]) for q in self.queued)
-            log.warning("%s: stopping; %d batch(es) of %d message(s) left unacked (Spark "
-                        "write abandoned before its commit answered: if the committer "
-                        "still commits them, their rows are written again when the "
-                        "messages are redelivered)", self.stage.id,
-                        len(self.pending) + len(self.queued), n)
+            log.info("%s: stopping; %d batch(es) of %d message(s) left unacked, delivered "
+                     "again (their commit had not answered: if the committer still "
+                     "commits them, they are acknowledged without being written again "
+                     "when they come back)", self.stage.id,
+                     len(self.pending) + len(self.queued), n)

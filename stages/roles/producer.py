@@ -287,10 +287,10 @@ class ProducerStage(Stage):
                        or protocol.unpackable(metadata, "metadata") or "its id")
                 protocol.replace_payload(ev, repr(data),
                                          {k: repr(v) for k, v in dict(metadata).items()})
+                # failed here; logged with the other failures of its reason, once, by the
+                # processor that hands it to handle_failed
                 self._failed[protocol.event_token(ev)] = (
                     f"{why}: it cannot be sent to the processors")
-                log.warning("%s: message %r failed: %s", self.id, protocol.event_id(ev),
-                            self._failed[protocol.event_token(ev)])
         return self._frames_by_status(share)
 
     def _frames_by_status(self, share: list[list]) -> list[tuple[bytes, list]]:
