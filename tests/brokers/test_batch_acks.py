@@ -59,7 +59,7 @@ def test_a_slow_second_batch_does_not_hold_the_first_ones_acks(short_tmp: Path,
         wait_until(lambda: unacked_at_broker(queue) == 2, timeout=SLOW / 2, interval=0.2,
                    message="the first batch's 2 messages acked at the broker")
         assert time.monotonic() - returned < SLOW / 2
-        out, err = daemon.communicate(timeout=90)
+        _, err = daemon.communicate(timeout=90)
     finally:
         if daemon.poll() is None:
             daemon.kill()

@@ -31,13 +31,14 @@ def test_a_killed_batch_processor_is_a_cascade_not_an_error(short_tmp: Path) -> 
                    timeout=60, message="a first batch written")
         victim = _node(_status(sock)["tree"], "batch_processor_default_0")
         os.kill(victim["pid"], signal.SIGKILL)
-        out, err = daemon.communicate(timeout=120)
+        _, err = daemon.communicate(timeout=120)
     finally:
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait()
     assert daemon.returncode == 0, err[-3000:]
-    gave_up = [ln for ln in err.splitlines() if "supervisor BatchProcessorSupervisor_default gave up" in ln]
+    gave_up = [ln for ln in err.splitlines()
+               if "supervisor BatchProcessorSupervisor_default gave up" in ln]
     assert gave_up and all(" WARNING " in ln and "cascade" in ln for ln in gave_up), gave_up
     errors = [ln for ln in err.splitlines() if " ERROR " in ln]
     assert not errors, errors

@@ -14,8 +14,7 @@ from typing import Any, TypeVar
 
 import psutil
 import pytest
-from offbroadway.supervision import Restart, WorkerSpec
-from offbroadway.supervision import guardian
+from offbroadway.supervision import Restart, WorkerSpec, guardian
 
 HERE = Path(__file__).resolve().parent
 CHILD = HERE / "children" / "proc.py"
