@@ -25,7 +25,7 @@ class ConfigError(ValueError):
 
 def _shown(value: Any, name: str = "") -> Any:
     """A rejected value as an error may show it: a URL without its password or token, an
-    option named like a secret not at all (:func:`~offbroadway.stages.runtime.redact.mask_value`)."""
+    option named like a secret as ``***`` (:func:`.redact.mask_value`)."""
     return mask_value(value, name)
 
 

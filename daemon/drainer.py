@@ -21,7 +21,7 @@ from offbroadway.supervision.tree import SpecTree
 from . import outcome as outcome_mod
 from . import stopbudget
 from .notify import Notifier
-from .pipeline import PipelineState, TreeHandle
+from .pipeline import PipelineState, TreeHandle, failure_books
 from .reactions import Send
 from .terminator import Phase
 
@@ -96,20 +96,22 @@ class Drainer:
         log.info("drain complete" if t.phase is Phase.COMPLETE else
                  "drain cut short by a third Ctrl-C" if self.abort else
                  "drain ended at shutdown_timeout")
-        if t.phase is Phase.COMPLETE and self.until_idle:
-            # the exit code reads the books.  A source that settles through an I/O thread
-            # of its own (NATS) can still count its last acks as owed in the report that
-            # said "settled": its next report, within a tick, has them
+        if t.phase is Phase.COMPLETE:
+            # the summary and the exit code read the books.  A source that settles through
+            # an I/O thread of its own (RabbitMQ, NATS) can still count its last acks as
+            # owed in the report that said "settled": its next report, within a tick, has
+            # them applied; a stop's summary waits for them as --until-idle's does
             await self.wait_for(lambda: not self.state.outcome().unacked,
                                 time.monotonic() + SETTLE_GRACE)
+        board = self.state.board
         for p in self.state.topology.producers:
-            # the books of each source as its producer last reported them (the settled
-            # report when it settled): what an operator checks after a stop
-            src = self.state.board.source(p)
+            # each source's books as the summary adds them up (over its producer's
+            # restarts): what an operator checks after a stop
+            src = board.source(p)
             if src:
                 log.info("%s: source %s fetched %s, acked %s, failed %s, unacked %s", p,
-                         src.get("source"), src.get("fetched"), src.get("acked"),
-                         src.get("failed"), src.get("unacked"))
+                         src.get("source"), board.sum([p], "in"), board.sum([p], "acked"),
+                         failure_books(board, [p]).failed, src.get("unacked"))
         self.outcome = self.state.outcome()
         for line in self.outcome.lines():
             print(line, flush=True)
@@ -147,7 +149,10 @@ class Drainer:
         assert self.outcome is not None   # drain() took the books
         code, line = self.outcome.until_idle_exit()
         if line:
-            log.error("pipeline %s: %s", name, line)
+            # messages left unacked broke --until-idle's promise (ERROR); failed messages
+            # are the handler's verdicts, where the failure policy put them (WARNING)
+            log.log(logging.ERROR if code == outcome_mod.EXIT_UNACKED else logging.WARNING,
+                    "pipeline %s: %s", name, line)
             self.notifier.status("messages left unacked" if code == outcome_mod.EXIT_UNACKED
                                  else "some messages failed")
         return code

@@ -129,8 +129,13 @@ class Outcome:
                 + f"; exiting {EXIT_FAILED}")
         final = self.failed - self.failures_retried
         if final > 0:
+            where = f" (failed messages: {self.failed_to})" if self.failed_to else ""
+            if self.failures_retried:
+                # handed back for another delivery: the source still holds those
+                return EXIT_FAILED, (
+                    f"--until-idle: {final} message(s) failed{where}; "
+                    f"{self.failures_retried} failed deliveries were handed back to the "
+                    f"source for another try; exiting {EXIT_FAILED}")
             return EXIT_FAILED, (f"--until-idle: every message settled, {final} of them "
-                                 "failed" + (f" (failed messages: {self.failed_to})"
-                                             if self.failed_to else "")
-                                 + f"; exiting {EXIT_FAILED}")
+                                 f"failed{where}; exiting {EXIT_FAILED}")
         return EXIT_OK, ""

@@ -145,11 +145,16 @@ class PipelineState:
         limit, pid...)."""
         draining, board = self.terminator.draining, self.board
         producers = self.topology.producers
+        books = failure_books(board, producers)
         return {"pipeline": self.config.pipeline.name,
                 "tree": board.tree(snapshot, "draining" if draining else "running"),
                 "draining": draining, **shell,
                 "acked": board.sum(producers, "acked"),
-                "failed": board.sum(producers, "failed"),
+                # messages, each once; the failed deliveries and requeues apart
+                "failed": books.failed,
+                "failed_deliveries": books.failures,
+                "requeued_failures": books.requeued,
+                "failing": books.stay,
                 "failed_to": board.failed_to(),
                 "sources_down": board.sources_down(),
                 "spark_down": board.spark_down(),

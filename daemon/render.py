@@ -128,6 +128,11 @@ def header_lines(status: dict) -> list[str]:
         line += f"  acked {_num(status['acked'])}"
     if "failed" in status:
         line += f"  failed {_num(status['failed'])}"
+        if status.get("failing"):
+            line += f" ({_num(status['failing'])} back in the queue)"
+        if status.get("failed_deliveries", 0) > status["failed"]:
+            line += (f"  deliveries failed {_num(status['failed_deliveries'])}, "
+                     f"requeued {_num(status.get('requeued_failures', 0))}")
     lines = [line + flags]
     if status.get("failed") and status.get("failed_to"):
         lines.append(f"failed messages: {status['failed_to']}")

@@ -82,8 +82,9 @@ class Board:
         self.totals = StageTotals()
 
     def record(self, stage_id: str, stats: dict) -> None:
-        self.stats[stage_id] = {**stats, "at": time.time()}
-        self.totals.report(stage_id, stats)
+        # a late last report of an earlier incarnation counts in the totals only
+        if self.totals.report(stage_id, stats):
+            self.stats[stage_id] = {**stats, "at": time.time()}
 
     def sum(self, stages: list[str], key: str) -> int:
         return self.totals.sum(stages, key)

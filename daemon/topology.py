@@ -61,6 +61,10 @@ from offbroadway.supervision.spec import (
 )
 
 WORKER_ARGV = (sys.executable, "-m", "offbroadway.stages.runtime.worker")
+#: Broadway's intensity for the supervisors the config does not set (its supervisors are
+#: started with max_restarts 3 in max_seconds 5), said here: the supervision library
+#: defaults to OTP's 1 in 5 s
+BROADWAY_MAX_RESTARTS, BROADWAY_MAX_SECONDS = 3, 5.0
 
 
 @dataclass
@@ -376,6 +380,7 @@ def build(config: Config, *, stage_env: Callable[[str], dict[str, str]] | None =
             for i, bp in enumerate(bp_ids)]
         batcher_sups.append(SupervisorSpec(
             id=f"BatcherSupervisor_{key}", strategy=Strategy.REST_FOR_ONE,
+            max_restarts=BROADWAY_MAX_RESTARTS, max_seconds=BROADWAY_MAX_SECONDS,
             children=[*([committer] if committer is not None else []), batcher,
                       SupervisorSpec(id=f"BatchProcessorSupervisor_{key}",
                                      strategy=Strategy.ONE_FOR_ALL, max_restarts=0,
@@ -395,6 +400,8 @@ def build(config: Config, *, stage_env: Callable[[str], dict[str, str]] | None =
         children=processors))
     if batcher_sups:
         children.append(SupervisorSpec(id="BatchersSupervisor", strategy=Strategy.ONE_FOR_ONE,
+                                       max_restarts=BROADWAY_MAX_RESTARTS,
+                                       max_seconds=BROADWAY_MAX_SECONDS,
                                        children=batcher_sups))
     # every processor crash is one restart here (ProcessorSupervisor gives up at once), so
     # this intensity is what lets a poison message reach max_crashes and be failed

@@ -12,6 +12,9 @@ COUNTED = ("in", "out", "failed", "acked", "requeued", "batches", "already_writt
 #: a producer's source's own counts, folded the same way and read as ``"source.<key>"``:
 #: messages rejected (failed for good), failed deliveries, failures requeued
 SOURCE_COUNTED = ("rejected", "failures", "failure_requeued")
+#: a report of the previous incarnation is taken as its late last one while its successor
+#: has sent fewer reports than this (a report a second: the last one is milliseconds late)
+LATE = 3
 
 
 def _source(stats: dict) -> dict:
@@ -23,17 +26,43 @@ class StageTotals:
     def __init__(self) -> None:
         self._base: dict[str, dict[str, int]] = {}
         self._last: dict[str, dict] = {}
+        #: stage -> (pid, last report) of the incarnation before the current one (folded
+        #: in the base), and how many reports its successor has sent since
+        self._retired: dict[str, tuple[object, dict]] = {}
+        self._since: dict[str, int] = {}
 
-    def report(self, stage: str, stats: dict) -> None:
+    def report(self, stage: str, stats: dict) -> bool:
+        """Take a report; False if it came from the previous incarnation (a stage's last
+        report, sent as it exits, can arrive just after its successor's first): its
+        figures past those already folded are added to the base, and it is not the
+        stage's current report.  Only within the successor's first few reports: a pid
+        can come back for another process later."""
+        pid = stats.get("pid")
+        retired = self._retired.get(stage)
+        if retired is not None and retired[0] == pid and self._since.get(stage, 0) < LATE:
+            self._fold(stage, stats, since=retired[1])
+            self._retired[stage] = (pid, stats)
+            return False
         last = self._last.get(stage)
-        if last is not None and last.get("pid") != stats.get("pid"):
-            base = self._base.setdefault(stage, {})
-            for key in COUNTED:
-                base[key] = base.get(key, 0) + int(last.get(key, 0))
-            src = _source(last)
-            for key in SOURCE_COUNTED:
-                base["source." + key] = base.get("source." + key, 0) + int(src.get(key) or 0)
+        if last is not None and last.get("pid") != pid:
+            self._fold(stage, last)
+            self._retired[stage] = (last.get("pid"), last)
+            self._since[stage] = 0
+        self._since[stage] = self._since.get(stage, 0) + 1
         self._last[stage] = stats
+        return True
+
+    def _fold(self, stage: str, stats: dict, since: dict | None = None) -> None:
+        """Add ``stats`` (less ``since``, the same incarnation's figures folded before)
+        to the stage's base."""
+        base = self._base.setdefault(stage, {})
+        before = since or {}
+        for key in COUNTED:
+            base[key] = base.get(key, 0) + int(stats.get(key, 0)) - int(before.get(key, 0))
+        src, src_before = _source(stats), _source(before)
+        for key in SOURCE_COUNTED:
+            base["source." + key] = (base.get("source." + key, 0) + int(src.get(key) or 0)
+                                     - int(src_before.get(key) or 0))
 
     def total(self, stage: str, key: str) -> int:
         last = self._last.get(stage, {})

@@ -11,6 +11,9 @@ What the child gets before its program runs:
   a SIGKILL reach whatever the child forked.
 * the write end of the notify pipe, at the fd number named in ``OFFBROADWAY_NOTIFY_FD``,
   and the supervisor's pid in ``OFFBROADWAY_SUPERVISOR_PID``.
+* the token of the supervising process's guardian in ``OFFBROADWAY_TREE``, inherited by
+  everything the child starts: when the supervising process dies, however, the guardian
+  kills every process that carries it (:mod:`.guardian`).
 
 Two ways to set PDEATHSIG, chosen once (``OFFBROADWAY_PDEATHSIG`` overrides):
 
@@ -38,6 +41,7 @@ import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 
+from . import guardian
 from .child import NOTIFY_FD_ENV, SUPERVISOR_PID_ENV
 
 METHOD_ENV = "OFFBROADWAY_PDEATHSIG"
@@ -130,6 +134,8 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None,
     full_env.update(env)
     full_env[NOTIFY_FD_ENV] = str(notify_fd)
     full_env[SUPERVISOR_PID_ENV] = str(os.getpid())
+    # the mark the guardian kills by once we are gone, whatever the child starts
+    full_env[guardian.TREE_ENV] = guardian.token()
     how = method()
     if how == "setpriv":
         program = _resolve(argv[0], full_env.get("PATH", os.defpath), cwd)

@@ -106,12 +106,16 @@ class WorkerSpec:
 
 @dataclass(frozen=True)
 class SupervisorSpec:
-    """A supervisor: an object inside the supervising process, not an OS process."""
+    """A supervisor: an object inside the supervising process, not an OS process.
+
+    The restart intensity defaults to OTP's (``intensity`` 1, ``period`` 5 s): a second
+    crash within 5 s is not transient.  An application that wants more says so in its
+    specs (a pipeline keeps Broadway's 3 in 5 s)."""
 
     id: str
     strategy: Strategy
     children: Sequence[ChildSpec]
-    max_restarts: int = 3
+    max_restarts: int = 1
     max_seconds: float = 5.0
     restart: Restart = Restart.PERMANENT
     shutdown: Shutdown = INFINITY

@@ -355,7 +355,14 @@ class Supervisor:
 
     async def _give_up(self, reason: str) -> None:
         why = f"{self.id} gave up: {self._intensity.describe()}; last: {reason}"
-        log.error("supervisor %s", why)
+        if self.parent is not None:
+            # OTP's escalation: the parent's strategy decides (a supervisor that allows
+            # no restart is built to hand every crash to its parent): the designed
+            # cascade, not an error.  At the root nothing is left to restart it.
+            log.warning("supervisor %s; cascade: %s's strategy takes over", why,
+                        self.parent.id)
+        else:
+            log.error("supervisor %s", why)
         self.state = "stopping"
         for node in reversed(self.children):
             await self._terminate_node(node)

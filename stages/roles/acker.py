@@ -39,7 +39,7 @@ class Acker:
         if failed:
             failed = self._handle_failed(failed)
             if self.failures is not None:
-                self.failures.add(m.status for m in failed)
+                self.failures.add([m.status for m in failed], [m.id for m in failed])
         for origin, (tokens, fails) in protocol.ack_groups(ok, failed).items():
             if type(origin) is int and 0 <= origin < len(self.socks):
                 self.socks[origin].send(protocol.ack(tokens, fails), zmq.NOBLOCK)

@@ -56,8 +56,6 @@ class BatchProcessorStage(Stage):
         self.spark = _SparkHandoff(self) if spec.spark is not None else None
         self.counters.update(batches=0)
         self.accept(commands.Leave, self._on_leave)
-        #: handled messages whose ACK goes out at the end of this wake-up
-        self._ok: list = []
 
     def setup(self) -> None:
         if self.spark is not None:
@@ -92,10 +90,8 @@ class BatchProcessorStage(Stage):
                 self._handle(up, msg[protocol.BATCH_KEY], msg[protocol.BATCH_TRIGGER],
                              msg[protocol.BATCH_PACKED])
             elif msg[protocol.KIND_AT] == protocol.CANCEL:
-                self._ack()
                 self.subs.cancelled(up, msg[protocol.VALUE])
                 self._maybe_done()
-        self._ack()
 
     def _maybe_done(self) -> None:
         if self.subs.all_done and (self.spark is None or not self.spark.holding):
@@ -113,11 +109,6 @@ class BatchProcessorStage(Stage):
         self.leaving = True
         self.subs.leave()
         self._maybe_done()
-
-    def _ack(self) -> None:
-        if self._ok:
-            ok, self._ok = self._ok, []
-            self.acker.finish(ok, ())
 
     def _handle(self, up: Any, batch_key: Any, trigger: str, packed: bytes) -> None:
         try:
@@ -145,17 +136,14 @@ class BatchProcessorStage(Stage):
         self.finish(up, messages, rows)
 
     def finish(self, up: Any, messages: list[Message], rows: list[Message]) -> None:
-        """Ack what was written, fail the rest, and give the batch's demand back."""
+        """Ack what was written, fail the rest, and give the batch's demand back.  At once,
+        as Broadway acks a batch when ``handle_batch`` returns: acks held for the batches
+        read with it would wait for their ``handle_batch`` too (prefetch slots held, and
+        written again if this stage dies meanwhile)."""
         ok = [m for m in rows if m.status is None]
         failed = [m for m in messages if m.status is not None]
         self.counters["out"] += len(ok)
-        if self.spark is None and not failed:
-            # acked once per wake-up (the drain's end), not once per batch: one ACK frame
-            # per producer for every batch read together
-            self._ok.extend(ok)
-        else:
-            self.acker.finish(self._ok + ok if self._ok else ok, failed)
-            self._ok = []
+        self.acker.finish(ok, failed)
         self.subs.consumed(up, 1)
 
 
@@ -289,8 +277,8 @@ class _SparkHandoff:
         if self.holding:
             n = sum(len(e[1]) for e in self.pending.values()) + sum(
                 len(q[2]) for q in self.queued)
-            log.warning("%s: stopping; %d batch(es) of %d message(s) left unacked (Spark "
-                        "write abandoned before its commit answered: if the committer "
-                        "still commits them, their rows are written again when the "
-                        "messages are redelivered)", self.stage.id,
-                        len(self.pending) + len(self.queued), n)
+            log.info("%s: stopping; %d batch(es) of %d message(s) left unacked, delivered "
+                     "again (their commit had not answered: if the committer still "
+                     "commits them, they are acknowledged without being written again "
+                     "when they come back)", self.stage.id,
+                     len(self.pending) + len(self.queued), n)

@@ -34,11 +34,6 @@ from .downstream import Downstream
 
 log = logging.getLogger("offbroadway.processor")
 
-#: messages that failed to encode are named one line each up to this many per
-#: incarnation; past it they are counted, and the failure tally's periodic line (reason
-#: by reason) says the rest
-UNSENDABLE_LINES = 100
-
 class ProcessorStage(Stage):
     def __init__(self, spec: StageSpec, io: ZmqIO | None = None) -> None:
         super().__init__(spec, io)
@@ -199,8 +194,9 @@ class ProcessorStage(Stage):
 
     def _frames(self, share: list[Message]) -> list[tuple[bytes, list[Message]]]:
         """A batcher's share as frames; a message whose data the codec cannot carry (a
-        handler returned a set, an object…) fails alone, here, with one line naming it
-        and the value, and the rest go on."""
+        handler returned a set, an object…) fails alone, here, and the rest go on.  Its
+        reason names the value; it is logged with the other failures of that reason in
+        one aggregate line (:class:`~..runtime.failures.FailureTally`), not per message."""
         try:
             return _frames(share)
         except Exception:  # the codec raises TypeError, ValueError, OverflowError
@@ -213,8 +209,6 @@ class ProcessorStage(Stage):
             else:
                 m.status = f"{why}: it cannot be sent on to the batcher"
                 bad.append(m)
-        for m in bad[:max(0, UNSENDABLE_LINES - self.counters["unsendable"])]:
-            log.warning("%s: message %s failed: %s", self.id, m.id, m.status)
         self.counters["unsendable"] += len(bad)
         self.acker.finish((), bad)
         return _frames(kept) if kept else []

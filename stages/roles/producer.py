@@ -132,8 +132,16 @@ class ProducerStage(Stage):
         # the guard counts its own (metrics and reports both read the counters after this)
         self.counters.update(poison_strikes=self.poison.struck,
                              poison_failed=self.poison.failed)
-        s = super().stats()
         src = self.source.stats()
+        if "failures" in src:
+            # the source counts failed messages itself, each once however often it was
+            # delivered: the books' ``failed`` are the ones it rejected (a counter never goes
+            # down: those back in the queue are the gauge ``failing``), ``failures`` the
+            # failed deliveries
+            self.counters["failed"] = int(src.get("rejected") or 0)
+        s = super().stats()
+        if "failing" in src:
+            s["failing"] = int(src.get("failing") or 0)
         # a source without a connection (spool, generator) has no state and is always there
         connected = src.get("state", "connected") == "connected"
         s.update(inflight=len(self.inflight), buffered=len(self.buffer),
@@ -196,6 +204,7 @@ class ProducerStage(Stage):
             self.counters["acked"] += len(handles)
         if failures:
             self.source.fail(failures)
+            self.counters["failures"] = self.counters.get("failures", 0) + len(failures)
             self.counters["failed"] += len(failures)
 
     # -- moving events --------------------------------------------------------------------------
@@ -255,10 +264,9 @@ class ProducerStage(Stage):
                 if reason is not None:
                     failed[first + i] = reason
         for i, why in unencodable.items():
-            # a value the codec cannot carry: that message fails, here, and alone
+            # a value the codec cannot carry: that message fails, here, and alone (logged
+            # with the other failures of its reason by the processor that hands it on)
             self._failed[first + i] = f"{why}: it cannot be sent to the processors"
-            log.warning("%s: message %r failed: %s", self.id, items[i][0],
-                        self._failed[first + i])
         self.poison.on_fetched(events, self._failed)
         return events, codec
 
@@ -293,15 +301,15 @@ class ProducerStage(Stage):
         except Exception:
             pass
         # data and metadata were encoded at the fetch: only an id the codec cannot carry
-        # (a source's own class) is left; that message fails with its id as text
+        # (a source's own class) is left; that message fails with its id as text (logged
+        # with the other failures of its reason, once, by the processor that hands it to
+        # handle_failed)
         for i, row in enumerate(share):
             if not protocol.packable(row[ev.ID]):
                 why = protocol.unpackable(row[ev.ID], "the id")
                 share[i] = row = (row[ev.ORIGIN], row[ev.TOKEN], repr(row[ev.ID]),
                                   row[ev.DATA], row[ev.METADATA])
                 self._failed[row[ev.TOKEN]] = f"{why}: it cannot be sent to the processors"
-                log.warning("%s: message %s failed: %s", self.id, row[ev.ID],
-                            self._failed[row[ev.TOKEN]])
         return self._frames_by_status(share)
 
     def _frames_by_status(self, share: list[tuple]) -> list[tuple[bytes, list]]:

@@ -22,22 +22,35 @@ KEPT = 100
 REASON_CHARS = 200
 
 
+def _ids_or_none(ids: Iterable[object]):
+    """The ids, then None for ever (a group given without ids)."""
+    yield from ids
+    while True:
+        yield None
+
+
 class FailureTally:
     def __init__(self, interval: float = INTERVAL) -> None:
         self.interval = interval
         self.counts: Counter[str] = Counter()
+        #: reason -> the id of the first message that failed for it since the last line
+        self.first: dict[str, str] = {}
         self.pending = 0
         self.total = 0
         self._last_line_at = float("-inf")
 
-    def add(self, reasons: Iterable[str]) -> None:
-        """Count one group of failed messages (their ``status`` strings)."""
+    def add(self, reasons: Iterable[str], ids: Iterable[object] = ()) -> None:
+        """Count one group of failed messages (their ``status`` strings and, if given,
+        their ids: the line names the first message of each reason)."""
         n = 0
-        for reason in reasons:
+        first = self.first
+        for reason, msg_id in zip(reasons, _ids_or_none(ids)):
             n += 1
             key = (reason or "failed")[:REASON_CHARS]
             if key in self.counts or len(self.counts) < KEPT:
                 self.counts[key] += 1
+                if msg_id is not None and key not in first:
+                    first[key] = str(msg_id)[:REASON_CHARS]
             else:
                 self.counts["(other reasons)"] += 1
         self.pending += n
@@ -49,12 +62,15 @@ class FailureTally:
             return None
         since = ("since the last report" if self._last_line_at != float("-inf") else "")
         top = self.counts.most_common(SHOWN)
-        shown = "; ".join(f"{n} x {reason}" for reason, n in top)
+        shown = "; ".join(f"{n} x {reason}" + (f" (first: {self.first[reason]})"
+                                                  if reason in self.first else "")
+                          for reason, n in top)
         more = len(self.counts) - len(top)
         text = (f"{stage}: {self.pending} messages failed{' ' + since if since else ''} "
                 f"({self.total} in all): {shown}"
                 + (f"; and {more} more reasons" if more > 0 else ""))
         self.counts.clear()
+        self.first.clear()
         self.pending = 0
         self._last_line_at = now
         return text

@@ -44,12 +44,18 @@ COUNTERS = {
                       "Messages failed as poison after killing a processor max_crashes times."),
     "malformed": ("offbroadway_malformed_frames_total", "Frames dropped as malformed."),
     "batches": ("offbroadway_batches_total", "Batches emitted or handled."),
+    "failures": ("offbroadway_message_failures_total",
+                 "Failed deliveries settled at the source: a message a requeuing policy "
+                 "sends back counts again each time it fails (messages_failed counts it "
+                 "once)."),
 }
 #: the sources' books: the producers' counts alone (one role owns each count)
 SOURCE_COUNTERS = {
     "acked": ("offbroadway_messages_acked_total", "Messages acknowledged at their source."),
     "failed": ("offbroadway_messages_failed_total",
-               "Messages settled as failed at their source (its failure policy)."),
+               "Messages settled as failed at their source (its failure policy), each "
+               "once; under a requeuing policy those back in the queue are "
+               "offbroadway_messages_failing."),
 }
 #: where messages fail: the stages that run callbacks and hand failures to handle_failed
 STAGE_FAILED = ("offbroadway_stage_failed_messages_total",
@@ -75,6 +81,9 @@ GAUGES = {
     "demand": ("offbroadway_demand_outstanding", "Demand consumers have placed and not yet met."),
     "buffered": ("offbroadway_buffered_messages", "Messages waiting in a stage's buffer."),
     "inflight": ("offbroadway_inflight_messages", "Messages emitted by a producer, not yet acked."),
+    "failing": ("offbroadway_messages_failing",
+                "Messages that failed in this run and are back in the queue (a requeuing "
+                "failure policy): failed, not settled."),
     "source_connected": ("offbroadway_source_connected",
                          "1 while a producer's source is connected (always 1 for sources "
                          "without a connection), 0 while it retries."),

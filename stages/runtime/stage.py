@@ -327,9 +327,20 @@ class Stage:
             # last work (an operator restart, a resize, a stop) would lose it from /metrics
             self.metrics.flush(self.counters, self.stats())
             self.teardown()
+            self._report_last()
             if self.leaving:
                 self._flush_on_exit()
         return 0
+
+    def _report_last(self) -> None:
+        """The figures as they end, after the teardown (a producer's source has applied
+        its last acks): the daemon's books would otherwise keep the last tick's, up to a
+        second old, for a stage stopped right after its last work (a restart, a run
+        again).  The hub socket lingers, so the report leaves before the process does."""
+        try:
+            self.report(commands.Stats(self.stats()))
+        except zmq.ZMQError:
+            pass
 
     def _flush_on_exit(self) -> None:
         """A stage that left the pipeline reported ``left`` once it had *sent* everything;

@@ -39,3 +39,15 @@ class Flaky(JsonBody):
         if not message.metadata["redelivered"] and b'"flaky": true' in message.data:
             return message.failed("a transient error, on purpose")
         return super().handle_message(processor, message, context)
+
+
+class SlowBatches(JsonBody):
+    """``handle_batch`` sleeps ``context["batch_slow"]`` seconds for a batch holding a
+    message whose body has ``"slow": true``."""
+
+    def handle_batch(self, batcher: str, messages: list[Message], batch_info, context):
+        if any(isinstance(m.data, dict) and m.data.get("slow") for m in messages):
+            import time
+
+            time.sleep(context["batch_slow"])
+        return super().handle_batch(batcher, messages, batch_info, context)

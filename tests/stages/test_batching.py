@@ -159,3 +159,42 @@ def test_counted_batches_property(size: int, timeout: float, script: list[tuple]
 def test_budget_batches_property(budget: int, timeout: float, script: list[tuple]) -> None:
     acc: BatchAccumulator = BatchAccumulator(budget, timeout, size_of=lambda it: it[1])
     replay(acc, script, budget=budget)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=12), st.integers(1, 25),
+       st.booleans())
+def test_blocks_batch_as_rows_do(frames: list[int], batch_size: int, resize: bool) -> None:
+    """The batcher's counted batches grow by whole columns (a frame's events as one
+    :class:`Block`): every event comes out once, in order, in the batches rows would
+    make, and each batch's frame carries exactly its events."""
+    from offbroadway.stages.wire import events as ev
+    from offbroadway.stages.wire import protocol
+
+    def block(first: int, n: int) -> ev.Block:
+        rows = ev.encode_rows([(0, first + i, f"m{first + i}", first + i, {})
+                               for i in range(n)])
+        return protocol.open_events(protocol.decode(protocol.events(rows))[3])
+
+    by_block: BatchAccumulator = BatchAccumulator(batch_size, 60.0)
+    by_rows: BatchAccumulator = BatchAccumulator(batch_size, 60.0)
+    got: list = []
+    want: list = []
+    first = 0
+    for n in frames:
+        b = block(first, n)
+        got += by_block.add_run("k", b, 0.0)
+        want += by_rows.add_run("k", b.rows(), 0.0)
+        first += n
+    if resize:
+        got += by_block.resize(max(1, batch_size // 2), 60.0)
+        want += by_rows.resize(max(1, batch_size // 2), 60.0)
+    got += by_block.flush()
+    want += by_rows.flush()
+    assert [(b.trigger, list(b.items.ids)) for b in got] == \
+        [(b.trigger, [r[2] for r in b.items]) for b in want]
+    assert [i for b in got for i in b.items.ids] == [f"m{i}" for i in range(first)]
+    for b in got:
+        sent = protocol.open_events(protocol.decode(protocol.batch("k", b.trigger,
+                                                                   b.items))[3])
+        assert sent.rows() == b.items.rows()

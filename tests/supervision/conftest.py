@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import psutil
 import pytest
-from offbroadway.supervision import Restart, WorkerSpec
+from offbroadway.supervision import Restart, WorkerSpec, guardian
 
 HERE = Path(__file__).resolve().parent
 CHILD = HERE / "children" / "proc.py"
@@ -99,7 +99,10 @@ def log(tmp_path: Path) -> Path:
 @pytest.fixture(autouse=True)
 def no_children_left():
     """Every test must leave no child process of its own behind (processes that were
-    already there, such as another suite's session-wide Spark server, are not its own)."""
+    already there, such as another suite's session-wide Spark server, are not its own).
+    The guardian of this process (started by its first spawn, living as long as it does)
+    is started first, so that it counts as already there."""
+    guardian.token()
     me = psutil.Process(os.getpid())
     before = {c.pid for c in me.children(recursive=True)}
     yield

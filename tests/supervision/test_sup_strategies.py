@@ -78,8 +78,9 @@ def test_crash_while_restarting_is_handled_after(log):
 
     async def scenario():
         rec = Recorder()
+        # two restarts in a moment: more than OTP's default intensity (1 in 5 s)
         sup = Supervisor(SupervisorSpec("root", Strategy.ONE_FOR_ONE,
-                                        [worker(i, log) for i in IDS]), rec)
+                                        [worker(i, log) for i in IDS], max_restarts=3), rec)
         await sup.start()
         try:
             before = {n.id: n.pid for n in sup.children}

@@ -11,7 +11,8 @@ owns the pika ``BlockingConnection`` (pika's only thread-safe entry is
 to the producer through a :class:`~..mailbox.Mailbox`, and the producer's settlements come
 back as commands this thread runs (:mod:`.settle`).
 
-A broker that is unreachable is retried with jittered backoff (tenacity); one that refuses
+A broker that is unreachable, or closes the connection before the AMQP handshake, is
+retried with jittered backoff (tenacity); one that refuses
 the configuration (unknown queue, access refused) is fatal at the first attempt, and
 retried once the source has run, so an operator can recreate a deleted queue without
 restarting the daemon.
@@ -46,9 +47,8 @@ log = logging.getLogger("offbroadway.sources.rabbitmq")
 if logging.getLogger("pika").level == logging.NOTSET:
     logging.getLogger("pika").setLevel(logging.CRITICAL)
 
-# AMQP reply codes that retrying cannot fix while nobody changes the broker: access refused,
-# not found (queue or exchange), precondition failed (declared with other arguments), and
-# not allowed (vhost).  Fatal at open(); once the source has run, retried with backoff.
+# AMQP reply codes retrying cannot fix while nobody changes the broker: access refused, not
+# found, precondition failed, not allowed (vhost).  Fatal at open(); later, retried.
 _PERMANENT_CODES = frozenset({403, 404, 406, 530})
 
 
@@ -57,10 +57,10 @@ class ConsumerCancelled(Exception):
 
 
 def is_permanent(exc: BaseException) -> bool:
+    # not pika's IncompatibleProtocolError: its name for any close before the handshake
     if isinstance(exc, (amqp_errors.ProbableAuthenticationError,
                         amqp_errors.ProbableAccessDeniedError,
-                        amqp_errors.AuthenticationError,
-                        amqp_errors.IncompatibleProtocolError)):
+                        amqp_errors.AuthenticationError)):
         return True
     if isinstance(exc, (amqp_errors.ChannelClosedByBroker,
                         amqp_errors.ConnectionClosedByBroker)):

@@ -1,0 +1,115 @@
+"""One count per message, on every surface: a RabbitMQ run with a handler that fails 1% of
+the messages on every delivery (the default policy requeues them), a processor and a batch
+processor SIGKILLed on the way, then a stop.  The summary, the log line before it, ``status
+--json`` and ``/metrics`` say the same acked and failed figures, and the broker holds
+exactly the failed messages afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.brokers.conftest import AMQP_URL
+from tests.conftest import REPO, free_port, offbroadway_cmd, test_env, wait_until
+from tests.e2e.test_pipeline import make_config
+
+pytestmark = pytest.mark.broker
+
+N, FAILING = 400, 4
+
+
+def status(config: Path) -> dict:
+    res = subprocess.run(offbroadway_cmd("status", "--json", "--config", str(config)),
+                         cwd=REPO, env=test_env(), capture_output=True, text=True, timeout=60)
+    return json.loads(res.stdout) if res.returncode == 0 else {}
+
+
+def pid_of(st: dict, child: str) -> int:
+    def walk(node: dict):
+        yield node
+        for c in node.get("children", []):
+            yield from walk(c)
+    return next(n["pid"] for n in walk(st["tree"]) if n["id"] == child)
+
+
+def metric(text: str, name: str) -> float:
+    return sum(float(m) for m in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+
+
+def test_summary_log_status_and_metrics_agree_with_the_broker(short_tmp: Path, rabbit) -> None:
+    import pika
+
+    queue = rabbit.queue()
+    rabbit.ch.confirm_delivery()
+    for i in range(N):
+        body = json.dumps({"seq": i, "fail": i % 100 == 42}).encode()
+        rabbit.ch.basic_publish("", queue, body, pika.BasicProperties(message_id=f"m{i}"))
+    port = free_port()
+    config = make_config(short_tmp, handler="tests.brokers.handlers:JsonBody", source="rabbitmq",
+                         context={"slow": 0.003},
+                         options={"url": AMQP_URL, "queue": queue, "prefetch_count": 50},
+                         batchers={"default": {"batch_size": 20, "batch_timeout": 0.2}})
+    config.write_text(config.read_text().replace('listen = ""', f'listen = "127.0.0.1:{port}"'))
+    log = open(short_tmp / "daemon.log", "w+")
+    daemon = subprocess.Popen(offbroadway_cmd("run", str(config)), cwd=REPO, env=test_env(),
+                              stdout=subprocess.PIPE, stderr=log, text=True)
+    try:
+        st = wait_until(lambda: (s := status(config)).get("acked", 0) >= 80 and s,
+                        timeout=60, interval=0.05, message="80 acked")
+        os.kill(pid_of(st, "processor_default_0"), signal.SIGKILL)
+        st = wait_until(lambda: (s := status(config)).get("acked", 0) >= 200
+                        and pid_of(s, "batch_processor_default_0") and s,
+                        timeout=60, interval=0.05, message="200 acked")
+        os.kill(pid_of(st, "batch_processor_default_0"), signal.SIGKILL)
+        seen: list[dict] = [{}]
+
+        def settled() -> dict | None:
+            s = seen[0] = status(config)
+            return s if s.get("acked") == N - FAILING and s.get("failed") == FAILING else None
+
+        try:
+            st = wait_until(settled, timeout=60, interval=0.2, message="all settled")
+        except AssertionError:
+            pytest.fail(f"not {N - FAILING} acked and {FAILING} failed in status: "
+                        f"{ {k: v for k, v in seen[0].items() if k != 'tree'} }\n"
+                        + (short_tmp / "daemon.log").read_text()[-6000:])
+        scrape = wait_until(
+            lambda: (t := urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                                 timeout=10).read().decode())
+            and metric(t, "offbroadway_messages_acked_total") == N - FAILING and t,
+            timeout=10, message="the metrics' next flush")
+        daemon.send_signal(signal.SIGTERM)
+        out, _ = daemon.communicate(timeout=90)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait(30)
+    log.seek(0)
+    err = log.read()
+    assert daemon.returncode == 0, err[-3000:]
+    # status, in messages
+    assert st["failing"] == FAILING and st["failed_deliveries"] >= FAILING, st
+    # /metrics: settled failures plus those back in the queue are the failed messages
+    assert metric(scrape, "offbroadway_messages_failed_total") + \
+        metric(scrape, "offbroadway_messages_failing") == FAILING, scrape
+    assert metric(scrape, "offbroadway_message_failures_total") >= FAILING
+    # the summary and the log line before it
+    summary = [ln for ln in out.splitlines() if "messages acked" in ln]
+    assert len(summary) == 1 and f"e2e: {N - FAILING} messages acked, {FAILING} failed" \
+        in summary[0], out
+    assert "left unacked" not in summary[0], summary
+    books = re.search(r"producer_0: source rabbitmq fetched \d+, acked (\d+), failed (\d+), "
+                      r"unacked (\d+)", err)
+    assert books and books.groups() == (str(N - FAILING), str(FAILING), "0"), \
+        (books and books[0], err[-3000:])
+    # the broker: exactly the failed messages are left, back in the queue
+    wait_until(lambda: rabbit.ready(queue) == FAILING, timeout=10,
+               message=f"{FAILING} messages in the queue")
+    assert sorted(rabbit.take_all(queue)) == sorted(f"m{i}" for i in range(N) if i % 100 == 42)
