@@ -178,8 +178,9 @@ def handle_batch(handler: Pipeline, batcher: str, messages: list[Message], info:
     except CALLBACK_ERRORS as exc:
         fail_all(messages, exc, "handle_batch")
         return []
-    if result is messages and set(map(type, result)) <= {Message}:
-        # ``return messages``, the usual case: every input is in the result
+    if result is messages and all(issubclass(t, Message) for t in set(map(type, result))):
+        # ``return messages``, the usual case: every input is in the result (messages off
+        # the wire are of Message's lazy subclass)
         return [m for m in result if m.status is None]
     returned = {id(m) for m in result}
     for m in messages:

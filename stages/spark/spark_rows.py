@@ -27,13 +27,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field as dc_field
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Sequence
 
 import pyarrow as pa
 from offbroadway import Message
 
 from ..wire.events import data_values
+
+#: a message's status and id, read at C speed over a whole batch
+_status, _id = attrgetter("status"), attrgetter("id")
 
 __all__ = ["INGESTED_TYPE", "RESERVED", "Rows", "check_data", "conform", "convert",
            "from_ipc", "infer_schema", "rows_to_table", "schema_from_ipc", "schema_to_ipc",
@@ -129,7 +132,7 @@ def _convert_uniform(messages: Sequence[Message], schema: pa.Schema) -> Rows | N
     names = schema.names
     if not names or not messages:
         return None
-    if any(m.status is not None for m in messages):
+    if list(map(_status, messages)).count(None) != len(messages):
         return None
     datas = data_values(messages)
     if set(map(type, datas)) != {dict} or set(map(len, datas)) != {len(names)}:
@@ -144,7 +147,7 @@ def _convert_uniform(messages: Sequence[Message], schema: pa.Schema) -> Rows | N
     except _CONVERT_ERRORS:
         return None
     try:
-        ids = pa.array([m.id for m in messages], pa.string())
+        ids = pa.array(list(map(_id, messages)), pa.string())
     except _CONVERT_ERRORS:   # ids that are not strings (a custom source's ints)
         ids = pa.array([str(m.id) for m in messages], pa.string())
     table = pa.Table.from_arrays([*arrays, ids], schema=pa.schema([*schema, ID_FIELD]))

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from itertools import repeat
+from operator import attrgetter
 from typing import Any
 
 from offbroadway import Message
@@ -246,6 +247,7 @@ class _Unread:
 
 
 _UNREAD = _Unread()
+_meta_raw = attrgetter("_meta_raw")
 _get_data, _set_data = Message.data.__get__, Message.data.__set__          # type: ignore
 _get_meta, _set_meta = Message.metadata.__get__, Message.metadata.__set__  # type: ignore
 
@@ -260,15 +262,17 @@ class WireMessage(Message):
     #: the codec of ``_data_raw``
     codec = MSGPACK
 
-    @staticmethod
-    def _decode(raw: bytes) -> Any:
-        return unpack(raw)
+    #: how ``_data_raw`` becomes the value (a C call: read once per message that is read)
+    _decode = staticmethod(unpack)
 
     @property                      # type: ignore[override]
     def data(self) -> Any:
         v = _get_data(self)
         if v is _UNREAD:
-            v = _decoded(self._decode, self._data_raw, "data")
+            try:
+                v = self._decode(self._data_raw)
+            except Exception:
+                v = _decoded(self._decode, self._data_raw, "data")    # raises, and says why
             _set_data(self, v)
         return v
 
@@ -304,10 +308,7 @@ class BytesMessage(WireMessage):
 
     __slots__ = ()
     codec = BYTES
-
-    @staticmethod
-    def _decode(raw: bytes) -> Any:
-        return raw
+    _decode = staticmethod(bytes)     # a body is its bytes (``bytes(b)`` is ``b``)
 
 
 _MESSAGE_OF = {MSGPACK: WireMessage, BYTES: BytesMessage}
@@ -414,6 +415,12 @@ def flagged(messages: Sequence[Message], key: str) -> list[Message]:
     find the key in a nested value, and that message is then decoded and read in full), so
     a batch of first deliveries decodes no metadata."""
     needle = pack(key) + pack(True)
+    try:
+        if (list(map(_get_meta, messages)).count(_UNREAD) == len(messages)
+                and needle not in b"\0".join(map(_meta_raw, messages))):
+            return []          # the usual batch: none read, and none says it, in one search
+    except AttributeError:     # a message a handler built: looked at one by one below
+        pass
     out = []
     for m in messages:
         if _get_meta(m) is _UNREAD and needle not in m._meta_raw:
