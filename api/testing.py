@@ -176,15 +176,10 @@ def _to_batcher(done: list[Message]) -> tuple[list[tuple[Any, list[tuple]]], lis
     from offbroadway.stages.wire import events as ev
     from offbroadway.stages.wire import protocol
 
-    kept: list[Message] = []
-    bad: list[Message] = []
-    for m in done:
-        why = protocol.message_unpackable(m)
-        if why is None:
-            kept.append(m)
-        else:
-            m.status = f"{why}: it cannot be sent on to the batcher"
-            bad.append(m)
+    from offbroadway.stages.roles.processor import ONWARD
+    from offbroadway.stages.wire.values import split_unsendable
+
+    kept, bad = split_unsendable(done, ONWARD)
     runs: list[tuple[Any, list[tuple]]] = []
     start = 0
     for i in range(1, len(kept) + 1):      # one frame per run of one batch key

@@ -28,11 +28,16 @@ from ..runtime.handler import load_handler
 from ..runtime.spec import StageSpec
 from ..runtime.stage import Stage, ZmqIO
 from ..wire import commands, protocol
+from ..wire.values import split_unsendable
 from .acker import Acker
 from .consumer import Subscriptions, Upstream
 from .downstream import Downstream
 
 log = logging.getLogger("offbroadway.processor")
+
+#: where a processor's healthy messages go (said in the reason of one that cannot)
+ONWARD = "on to the batcher"
+
 
 class ProcessorStage(Stage):
     def __init__(self, spec: StageSpec, io: ZmqIO | None = None) -> None:
@@ -201,14 +206,7 @@ class ProcessorStage(Stage):
             return _frames(share)
         except Exception:  # the codec raises TypeError, ValueError, OverflowError
             pass
-        kept, bad = [], []
-        for m in share:
-            why = protocol.message_unpackable(m)
-            if why is None:
-                kept.append(m)
-            else:
-                m.status = f"{why}: it cannot be sent on to the batcher"
-                bad.append(m)
+        kept, bad = split_unsendable(share, ONWARD)
         self.counters["unsendable"] += len(bad)
         self.acker.finish((), bad)
         return _frames(kept) if kept else []

@@ -139,3 +139,20 @@ def message_unpackable(m: Message) -> str | None:
         if found is not None:
             return found
     return None
+
+
+def split_unsendable(messages: list[Message], onward: str
+                     ) -> tuple[list[Message], list[Message]]:
+    """(the messages whose values the codec carries, the others): each of the others is
+    failed with what of it cannot cross and where it could not go (``onward``, e.g. "on to
+    the batcher").  Only called once a frame of them failed to encode."""
+    kept: list[Message] = []
+    bad: list[Message] = []
+    for m in messages:
+        why = message_unpackable(m)
+        if why is None:
+            kept.append(m)
+        else:
+            m.status = f"{why}: it cannot be sent {onward}"
+            bad.append(m)
+    return kept, bad
