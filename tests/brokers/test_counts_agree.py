@@ -31,12 +31,25 @@ def status(config: Path) -> dict:
     return json.loads(res.stdout) if res.returncode == 0 else {}
 
 
-def pid_of(st: dict, child: str) -> int:
-    def walk(node: dict):
-        yield node
-        for c in node.get("children", []):
-            yield from walk(c)
-    return next(n["pid"] for n in walk(st["tree"]) if n["id"] == child)
+def kill_when_running(config: Path, child: str) -> None:
+    """SIGKILL ``child`` once status shows it running (a cascade may be restarting it)."""
+    def killed() -> bool:
+        st = status(config)
+        node = next((n for n in walk(st["tree"]) if n["id"] == child), {}) if st else {}
+        if node.get("state") != "running" or not node.get("pid"):
+            return False
+        try:
+            os.kill(node["pid"], signal.SIGKILL)
+        except ProcessLookupError:
+            return False
+        return True
+    wait_until(killed, timeout=30, interval=0.05, message=f"{child} running, then killed")
+
+
+def walk(node: dict):
+    yield node
+    for c in node.get("children", []):
+        yield from walk(c)
 
 
 def metric(text: str, name: str) -> float:
@@ -61,13 +74,12 @@ def test_summary_log_status_and_metrics_agree_with_the_broker(short_tmp: Path, r
     daemon = subprocess.Popen(offbroadway_cmd("run", str(config)), cwd=REPO, env=test_env(),
                               stdout=subprocess.PIPE, stderr=log, text=True)
     try:
-        st = wait_until(lambda: (s := status(config)).get("acked", 0) >= 80 and s,
-                        timeout=60, interval=0.05, message="80 acked")
-        os.kill(pid_of(st, "processor_default_0"), signal.SIGKILL)
-        st = wait_until(lambda: (s := status(config)).get("acked", 0) >= 200
-                        and pid_of(s, "batch_processor_default_0") and s,
-                        timeout=60, interval=0.05, message="200 acked")
-        os.kill(pid_of(st, "batch_processor_default_0"), signal.SIGKILL)
+        wait_until(lambda: status(config).get("acked", 0) >= 80, timeout=60,
+                   interval=0.05, message="80 acked")
+        kill_when_running(config, "processor_default_0")
+        wait_until(lambda: status(config).get("acked", 0) >= 200, timeout=60,
+                   interval=0.05, message="200 acked")
+        kill_when_running(config, "batch_processor_default_0")
         seen: list[dict] = [{}]
 
         def settled() -> dict | None:

@@ -150,9 +150,18 @@ def test_the_password_appears_on_no_surface(short_tmp: Path, rabbit, broker_user
         assert "batch_size" in accepted, accepted
         seen += [accepted, cli("restart", "producer_0", *sock),
                  cli("scale", "processors", "3", *sock)]
-        status = json.loads(cli("status", "--json", *sock).split("\n", 1)[1])
-        victim = next(n for n in walk(status["tree"]) if n["id"] == "processor_default_0")
-        os.kill(victim["pid"], signal.SIGKILL)
+        def kill_processor() -> bool:
+            status = json.loads(cli("status", "--json", *sock).split("\n", 1)[1])
+            victim = next(n for n in walk(status["tree"]) if n["id"] == "processor_default_0")
+            if victim.get("state") != "running" or not victim.get("pid"):
+                return False     # the scale's or the restart's cascade still under way
+            try:
+                os.kill(victim["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                return False
+            return True
+
+        wait_until(kill_processor, timeout=30, interval=0.1, message="a processor killed")
         rabbit.publish(queue, 50, start=50)
         wait_until(lambda: json.loads(cli("status", "--json", *sock).split("\n", 1)[1]
                                       ).get("acked", 0) >= 100, timeout=60,
