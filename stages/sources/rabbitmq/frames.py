@@ -108,7 +108,7 @@ class DeliveryFrames:
         ours = self.channel
         frame_max = self.frame_max
         try:
-            while n - pos >= 8:
+            while n - pos >= 7:
                 ftype, ch, size = unpack(buf, pos)
                 if size + 8 > frame_max:
                     raise MalformedFrame(
@@ -210,6 +210,20 @@ class DeliveryFrames:
         self.on_delivery(tag, redelivered, exchange, routing_key, props, body)
 
 
+def pika_frame_of(raw: bytes) -> Any:
+    """One complete frame decoded by pika, for pika to process; what pika's decoder
+    cannot read (an unknown method, a truncated field) is a :class:`MalformedFrame`."""
+    try:
+        _consumed, value = pika_frame.decode_frame(raw)
+    except Exception as exc:     # InvalidFrameError, KeyError (unknown method), struct.error
+        ftype, ch = raw[0], int.from_bytes(raw[1:3], "big")
+        raise MalformedFrame(f"malformed AMQP frame: type {ftype} on channel {ch}: "
+                             f"{exc.__class__.__name__}: {exc}") from None
+    if value is None:
+        raise MalformedFrame("malformed AMQP frame: pika found it incomplete")
+    return value
+
+
 def install(conn: Any, channel_number: int, on_delivery: OnDelivery) -> DeliveryFrames:
     """Put a :class:`DeliveryFrames` in front of the frame handling of ``conn``, an open
     pika ``BlockingConnection``.  A read that completed deliveries ends the current
@@ -223,13 +237,10 @@ def install(conn: Any, channel_number: int, on_delivery: OnDelivery) -> Delivery
     impl = conn._impl
     process = impl._process_frame
     end_pass = conn._request_channel_dispatch
-    decode = pika_frame.decode_frame
     broken: list[BaseException] = []
 
     def other(raw: bytes) -> None:
-        consumed, value = decode(raw)
-        if value is not None:
-            process(value)
+        process(pika_frame_of(raw))
 
     frames = DeliveryFrames(channel_number, impl.params.frame_max or 131072, on_delivery,
                             other)
