@@ -110,7 +110,25 @@ def test_large_headers_and_every_property() -> None:
     assert meta["message_id"] == "m-1" and meta["redelivered"] is True
 
 
+def reframe(stream: bytes, at: int, junk: bytes, keep: bool) -> bytes:
+    """One frame's payload replaced (``junk``) or cut short (``keep``: its first
+    ``len(junk)`` bytes), its size field and end marker made to match: a frame that is
+    well framed and wrong inside."""
+    frames, pos = [], 0
+    while pos < len(stream):
+        size = int.from_bytes(stream[pos + 3:pos + 7], "big")
+        frames.append(stream[pos:pos + size + 8])
+        pos += size + 8
+    k = at % len(frames)
+    old = frames[k]
+    payload = old[7:-1][:len(junk)] if keep else junk
+    frames[k] = old[:3] + len(payload).to_bytes(4, "big") + payload + b"\xce"
+    return b"".join(frames)
+
+
 def mutate(stream: bytes, how: int, at: int, junk: bytes) -> bytes:
+    if how >= 4:
+        return reframe(stream, at, junk, how == 4)
     at %= len(stream)
     if how == 0:                                   # a byte changed
         return stream[:at] + bytes([stream[at] ^ (junk[0] if junk else 0xFF) or 1]) \
@@ -124,7 +142,7 @@ def mutate(stream: bytes, how: int, at: int, junk: bytes) -> bytes:
 
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(delivery_st, min_size=1, max_size=4), st.integers(4096, 9000),
-       st.integers(0, 3), st.integers(0, 10**6), st.binary(min_size=1, max_size=40),
+       st.integers(0, 5), st.integers(0, 10**6), st.binary(min_size=1, max_size=40),
        st.lists(st.integers(0, 10**6), max_size=6))
 def test_a_malformed_stream_ends_in_one_clear_error(
         deliveries: list, frame_max: int, how: int, at: int, junk: bytes,
