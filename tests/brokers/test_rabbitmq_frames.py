@@ -20,7 +20,7 @@ import pika
 import pytest
 from offbroadway.stages.sources.rabbitmq.delivery import to_item
 
-from tests.brokers.conftest import AMQP_URL, Rabbit, TcpProxy, consume, consume_until, unique
+from tests.brokers.conftest import Rabbit, TcpProxy, consume, consume_until, unique
 from tests.brokers.test_rabbitmq_source import ack_all, make, settled
 from tests.conftest import wait_until
 

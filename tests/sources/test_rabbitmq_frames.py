@@ -60,7 +60,7 @@ def run(stream: bytes, cuts: list[int], frame_max: int) -> tuple[list, list]:
     dec = DeliveryFrames(CH, frame_max, lambda *d: got.append(d),
                          lambda raw: others.append(pika_frame_of(raw)))
     prev = 0
-    for cut in sorted({c % (len(stream) + 1) for c in cuts}) + [len(stream)]:
+    for cut in [*sorted({c % (len(stream) + 1) for c in cuts}), len(stream)]:
         dec.feed(stream[prev:cut])
         prev = cut
     return got, others

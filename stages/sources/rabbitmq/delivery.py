@@ -67,11 +67,11 @@ def item_of(tag: int, redelivered: bool, exchange: Any, routing_key: Any, props:
             body: bytes, queue: str, incarnation: int, session: str,
             max_bytes: int) -> Item:
     """The item of one delivery; ``props`` is pika's ``BasicProperties``, or ``None``
-    when the publisher set none (:mod:`.frames` skips decoding them then).  Message id: the AMQP ``message_id`` when the publisher
-    set one (duplicates after a redelivery can be recognised downstream), else
-    ``"<delivery tag>@<session>.<incarnation>"``, unique per delivery.  A body over
-    ``max_bytes`` is left with the broker: the item is a ``FailedItem`` with
-    no body, and the failure policy dead-letters it whole."""
+    when the publisher set none (:mod:`.frames` skips decoding them then).  Message id:
+    the AMQP ``message_id`` when the publisher set one (duplicates after a redelivery can
+    be recognised downstream), else ``"<delivery tag>@<session>.<incarnation>"``, unique
+    per delivery.  A body over ``max_bytes`` is left with the broker: the item is a
+    ``FailedItem`` with no body, and the failure policy dead-letters it whole."""
     redelivered = bool(redelivered)
     meta: dict[str, Any] = {
         "queue": queue, "routing_key": routing_key,

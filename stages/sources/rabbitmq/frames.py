@@ -73,8 +73,21 @@ class DeliveryFrames:
     field is an error at once rather than a wait for gigabytes that never come.
     """
 
-    __slots__ = ("channel", "frame_max", "on_delivery", "on_other", "_rest", "_state",
-                 "_method", "_props", "_size", "_seen", "_fragments", "frames", "delivered")
+    __slots__ = (
+        "_fragments",
+        "_method",
+        "_props",
+        "_rest",
+        "_seen",
+        "_size",
+        "_state",
+        "channel",
+        "delivered",
+        "frame_max",
+        "frames",
+        "on_delivery",
+        "on_other",
+    )
 
     def __init__(self, channel: int, frame_max: int, on_delivery: OnDelivery,
                  on_other: Callable[[bytes], None]) -> None:
