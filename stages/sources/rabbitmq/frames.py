@@ -9,8 +9,9 @@ where the bytes of a delivery need a few ``struct`` reads.  Here the socket's by
 split into frames once; the frames of deliveries on the consuming channel are parsed in
 place and handed to ``on_delivery``; every other frame (the handshake is over when this is
 installed: ``basic.qos``, cancels, the probe's channel, heartbeats, ``connection.close``)
-goes to pika as it was, in order, through ``on_other``.  Properties are decoded by pika's
-own ``BasicProperties.decode`` when a publisher set any, so metadata is exactly pika's.
+goes to pika as it was, in order, through ``on_other``.  Properties, when a publisher set
+any, are read as pika's ``BasicProperties.decode`` reads them (its table decoder for the
+headers), into a dict by name, so metadata is exactly what pika's objects gave.
 
 A frame this decoder cannot make sense of (a wrong end marker, a frame bigger than the
 negotiated ``frame_max``, an unknown frame type, a content frame out of sequence, a body
@@ -29,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pika.exceptions as amqp_errors
+from pika import data as pika_data
 from pika import frame as pika_frame
 from pika import spec
 
@@ -41,7 +43,8 @@ _METHOD, _HEADER, _BODY, _HEARTBEAT = 1, 2, 3, 8
 _KNOWN_TYPES = frozenset({_METHOD, _HEADER, _BODY, _HEARTBEAT})
 _BASIC = 60
 
-#: on_delivery(delivery_tag, redelivered, exchange, routing_key, properties or None, body)
+#: on_delivery(delivery_tag, redelivered, exchange, routing_key, properties (a dict by
+#: name) or None, body)
 OnDelivery = Callable[[int, bool, Any, Any, Any, bytes], None]
 
 
@@ -50,6 +53,45 @@ class MalformedFrame(amqp_errors.AMQPConnectionError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "malformed AMQP frame"
+
+
+#: basic's properties in wire order: name, flag bit, kind (s: short string, t: table,
+#: o: octet, q: 64-bit integer), as pika's ``BasicProperties.decode`` reads them
+_PROPERTIES = (("content_type", 0x8000, "s"), ("content_encoding", 0x4000, "s"),
+               ("headers", 0x2000, "t"), ("delivery_mode", 0x1000, "o"),
+               ("priority", 0x0800, "o"), ("correlation_id", 0x0400, "s"),
+               ("reply_to", 0x0200, "s"), ("expiration", 0x0100, "s"),
+               ("message_id", 0x0080, "s"), ("timestamp", 0x0040, "q"),
+               ("type", 0x0020, "s"), ("user_id", 0x0010, "s"), ("app_id", 0x0008, "s"),
+               ("cluster_id", 0x0004, "s"))
+_Q = struct.Struct(">Q")
+
+
+def decode_properties(enc: bytes) -> dict[str, Any]:
+    """The properties a publisher set, by name, with pika's values (its table decoder for
+    ``headers``, its rule for short strings): what ``BasicProperties.decode`` gives,
+    without building the object.  A second flag word (no basic property uses it) goes to
+    pika's decoder."""
+    flags = (enc[0] << 8) | enc[1]
+    if flags & 1:
+        props = spec.BasicProperties()
+        props.decode(enc)
+        return {k: v for k, v in vars(props).items() if v is not None}
+    out: dict[str, Any] = {}
+    pos = 2
+    for name, bit, kind in _PROPERTIES:
+        if flags & bit:
+            if kind == "s":
+                out[name], pos = _shortstr(enc, pos)
+            elif kind == "t":
+                out[name], pos = pika_data.decode_table(enc, pos)
+            elif kind == "o":
+                out[name] = enc[pos]
+                pos += 1
+            else:
+                out[name] = _Q.unpack_from(enc, pos)[0]
+                pos += 8
+    return out
 
 
 def _shortstr(buf: bytes, pos: int) -> tuple[Any, int]:
@@ -191,8 +233,7 @@ class DeliveryFrames:
             props = None
             if flags:
                 try:
-                    props = spec.BasicProperties()
-                    props.decode(buf[start + 12:end])
+                    props = decode_properties(buf[start + 12:end])
                 except Exception as exc:   # pika's decoder: struct, index, unicode errors
                     raise MalformedFrame(
                         f"malformed AMQP frame: content header properties on channel "
