@@ -11,6 +11,7 @@ import select
 import socket
 import struct
 import threading
+import time
 from collections import Counter
 from datetime import datetime
 from decimal import Decimal
@@ -214,3 +215,26 @@ def test_a_connection_broken_inside_a_frame(rabbit: Rabbit, sources: Any, action
         assert rabbit.ready(q) == 0 and rabbit.take_all(q) == []
     finally:
         proxy.down()
+
+
+@pytest.mark.slow
+def test_heartbeats_still_seen_while_idle_and_while_busy(rabbit: Rabbit, sources: Any) -> None:
+    """pika's heartbeat checker watches the count of bytes received, which pika's own
+    frame reader kept; the decoder reads the socket in its place and must keep it, or
+    pika drops a healthy connection at its second check (heartbeat 1 s: checks every
+    6 s).  So: 13 s idle (the broker's heartbeats only), then 3 s of deliveries."""
+    q = rabbit.queue()
+    src = make(q, sources, heartbeat=1, prefetch_count=50)
+    seen: Counter = Counter()
+    start = time.monotonic()
+    i = 0
+    while time.monotonic() < start + 16.0:
+        if time.monotonic() > start + 13.0:
+            rabbit.publish(q, 20, start=i)
+            i += 20
+        ack_all(src, seen)(src.fetch(100))
+        assert src.stats()["reconnects"] == 0 and src.stats()["state"] == "connected", \
+            src.stats()["last_error"]
+        time.sleep(0.05)                        # the publishing pace, not a wait for state
+    consume_until(src, lambda: len(seen) == i and settled(src), ack_all(src, seen))
+    assert src.stats()["reconnects"] == 0 and max(seen.values()) == 1
