@@ -150,10 +150,6 @@ class DeliveryFrames:
         """Bytes pika had buffered but not parsed yet: they come first."""
         self._rest = pending + self._rest
 
-    @property
-    def mid_delivery(self) -> bool:
-        return self._state != 0
-
     def feed(self, data: bytes) -> None:
         """Consume ``data``; complete frames are dispatched in order, a partial one kept."""
         buf = self._rest + data if self._rest else data
