@@ -35,7 +35,8 @@ import tenacity
 from ...runtime.redact import describe_error, mask_url
 from ..base import Item, backoff_wait, next_attempt
 from ..mailbox import Mailbox
-from .delivery import to_item
+from .delivery import item_of, to_item
+from .frames import install as install_frames
 from .probe import IdleProbe
 from .settings import RabbitMQSettings
 from .settle import Settlement
@@ -224,6 +225,8 @@ class Consumer:
             raise
         self.incarnation += 1
         self._conn, self._channel, self._probe_channel = conn, channel, None
+        # deliveries on this channel are parsed by .frames, everything else by pika
+        install_frames(conn, channel.channel_number, self._on_frames_delivery)
         self.settle.attach(channel, self.incarnation)
         self._consuming = False
         self._broker_cancelled = False
@@ -344,6 +347,25 @@ class Consumer:
             probe.delivered()
         elif probe.failing_probes and item[3].key not in self.settle.failing:
             probe.delivered()        # a message that has not failed: not only failures left
+        self._pass.append(item)
+
+    def _on_frames_delivery(self, tag: int, redelivered: bool, exchange: Any,
+                            routing_key: Any, props: Any, body: bytes) -> None:
+        """A delivery :mod:`.frames` parsed: as :meth:`_on_delivery`, without pika's
+        objects (``props`` is ``None`` when the publisher set no property)."""
+        item = item_of(tag, redelivered, exchange, routing_key, props, body, self._queue,
+                       self.incarnation, self._session, self._max_bytes)
+        if item[1] is None:
+            self.oversized += 1
+        self.settle.delivered(tag)
+        self.deliveries += 1
+        if redelivered:
+            self.redelivered += 1
+        probe = self.probe
+        if probe.zero_probes or probe.empty_confirmed:
+            probe.delivered()
+        elif probe.failing_probes and item[3].key not in self.settle.failing:
+            probe.delivered()
         self._pass.append(item)
 
     def _on_broker_cancel(self, _frame: Any) -> None:

@@ -58,24 +58,34 @@ def packable(value: Any) -> Any:
 
 def to_item(method: Any, props: Any, body: bytes, queue: str, incarnation: int,
             session: str, max_bytes: int) -> Item:
-    """The item of one delivery.  Message id: the AMQP ``message_id`` when the publisher
-    set one (duplicates after a redelivery can be recognised downstream), else
-    ``"<delivery tag>@<session>.<incarnation>"``, unique per delivery.  A body over
-    ``max_bytes`` is left with the broker: the item is a ``FailedItem`` with
-    no body, and the failure policy dead-letters it whole."""
-    tag = method.delivery_tag
-    redelivered = bool(method.redelivered)
+    """The item of one delivery as pika hands it over (see :func:`item_of`)."""
+    return item_of(method.delivery_tag, method.redelivered, method.exchange,
+                   method.routing_key, props, body, queue, incarnation, session, max_bytes)
+
+
+def item_of(tag: int, redelivered: bool, exchange: Any, routing_key: Any, props: Any,
+            body: bytes, queue: str, incarnation: int, session: str,
+            max_bytes: int) -> Item:
+    """The item of one delivery; ``props`` is pika's ``BasicProperties``, or the dict of
+    them by name :mod:`.frames` decodes, or ``None`` when the publisher set none.  Message id:
+    the AMQP ``message_id`` when the publisher set one (duplicates after a redelivery can
+    be recognised downstream), else ``"<delivery tag>@<session>.<incarnation>"``, unique
+    per delivery.  A body over ``max_bytes`` is left with the broker: the item is a
+    ``FailedItem`` with no body, and the failure policy dead-letters it whole."""
+    redelivered = bool(redelivered)
     meta: dict[str, Any] = {
-        "queue": queue, "routing_key": method.routing_key,
-        "exchange": method.exchange, "delivery_tag": tag, "redelivered": redelivered}
-    wanted = _PROPERTY_NAMES
-    for name, value in vars(props).items():
-        if value is not None and name in wanted:
-            meta[name] = value if value.__class__ in _PLAIN else packable(value)
-    headers = meta.pop("headers", None)
-    if headers:
-        meta["headers"] = headers
-    message_id = props.message_id
+        "queue": queue, "routing_key": routing_key,
+        "exchange": exchange, "delivery_tag": tag, "redelivered": redelivered}
+    message_id = None
+    if props is not None:
+        wanted = _PROPERTY_NAMES
+        for name, value in (props if props.__class__ is dict else vars(props)).items():
+            if value is not None and name in wanted:
+                meta[name] = value if value.__class__ in _PLAIN else packable(value)
+        headers = meta.pop("headers", None)
+        if headers:
+            meta["headers"] = headers
+        message_id = meta.get("message_id")
     msg_id = message_id or f"{tag}@{session}.{incarnation}"
     if len(body) > max_bytes:
         meta["body_bytes"] = len(body)
