@@ -54,6 +54,7 @@ Life cycle, and why:
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import logging
@@ -67,6 +68,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from offbroadway.stages.runtime import logs
 from offbroadway.stages.spark.spark_remote import ENV_TOKEN
@@ -95,6 +97,9 @@ LOG_NAME = "spark-connect.log"
 PID_NAME = "spark-connect.pid"
 PORT_NAME = "spark-connect.port"
 LOG_ROTATE_BYTES = 64 * 1024 * 1024
+LOG4J2_NAME = "log4j2.properties"
+#: ``0`` turns the class-data-sharing archive off (:class:`Cds`)
+ENV_CDS = "OFFBROADWAY_SPARK_CDS"
 
 # WARN keeps the log to start/stop and real trouble: at INFO the Connect server writes
 # ~20 lines per request, i.e. a growing file at ~10 writes/s.  The startup line stays.
@@ -250,6 +255,138 @@ def java_command(args: Sequence[str], env: Mapping[str, str], home: Path) -> lis
     return cmd
 
 
+#: where the JVM's options end in the launcher's command
+SUBMIT_CLASS = "org.apache.spark.deploy.SparkSubmit"
+
+
+class Cds:
+    """The JVM's class-data-sharing archive (AppCDS) for this java and class path.
+
+    Why: the JVM's start was most of the README job's time (Spark loads ~18,000 classes:
+    its own, Scala's, Netty's, gRPC's, each parsed, verified and linked at every start).
+    A static archive holds them ready to map; measured in docs/benchmarks.md.  How, with
+    Java 17 (no ``-XX:+AutoCreateSharedArchive`` before 19):
+
+    1. the first start records the classes it loads (``-XX:DumpLoadedClassList``; free),
+       and the list is kept once the server is ready;
+    2. then ``java -Xshare:dump`` builds the archive from that list in a process of its
+       own, at low priority (``nice``), while the server serves: a JVM's start worth of
+       CPU (~30 s here), so not in the start's path; the "dynamic" archive a JVM can
+       write at its exit took longer than the stop allows;
+    3. later starts map it (``-XX:SharedArchiveFile``).
+
+    A dump not finished when the server stops is killed and started again at the next
+    start; one that fails is not tried again for this list (``*.failed``).  The name is a
+    hash of the java binary and the class path, so a new JDK or pyspark gets a new archive
+    rather than one the JVM refuses (it would then start without sharing, with a warning
+    in the Spark log, never fail).  ``OFFBROADWAY_SPARK_CDS=0`` turns all of it off.
+    """
+
+    def __init__(self, folder: Path, cmd: Sequence[str], say: Any) -> None:
+        self.say = say
+        self.java = cmd[0]
+        end = list(cmd).index(SUBMIT_CLASS) if SUBMIT_CLASS in cmd else len(cmd)
+        #: the JVM's options (class path, modules, opens): the dump must see the same
+        self.jvm_options = [o for o in cmd[1:end] if not o.startswith("-Dlog4j2.")]
+        cp = cmd[cmd.index("-cp") + 1] if "-cp" in cmd else ""
+        stamp = ""
+        for path in [self.java, *(p[:-1] for p in cp.split(os.pathsep) if p.endswith("*"))]:
+            try:
+                stamp += f":{Path(path).resolve()}@{Path(path).stat().st_mtime_ns}"
+            except OSError:
+                pass
+        key = hashlib.sha256(f"{stamp}\0{' '.join(self.jvm_options)}".encode()).hexdigest()
+        base = folder / f"spark-{key[:16]}"
+        self.archive = base.with_suffix(".jsa")
+        self.classes = base.with_suffix(".classlist")
+        self.failed = base.with_suffix(".failed")
+        self.recording = base.with_suffix(".classlist.recording")
+        self.partial = base.with_suffix(".jsa.partial")
+        self.proc: subprocess.Popen | None = None
+        self.started = 0.0
+
+    def options(self) -> list[str]:
+        """The server JVM's options: map the archive, or record what it loads."""
+        if self.archive.is_file():
+            self.say(f"class-data-sharing archive {self.archive}")
+            return [f"-XX:SharedArchiveFile={self.archive}"]
+        if self.classes.is_file() or self.failed.is_file():
+            return []
+        self.recording.unlink(missing_ok=True)
+        return [f"-XX:DumpLoadedClassList={self.recording}"]
+
+    def recorded(self) -> None:
+        """At ready: the classes loaded so far (start, session, first query) are the list."""
+        try:
+            if self.recording.stat().st_size > 0:
+                shutil.copyfile(self.recording, self.partial)
+                self.partial.replace(self.classes)
+        except OSError:
+            pass
+
+    def dump(self) -> None:
+        """Build the archive in the background, if there is a list and no archive yet."""
+        if self.proc is not None or self.archive.is_file() or not self.classes.is_file() \
+                or self.failed.is_file():
+            return
+        self.partial.unlink(missing_ok=True)
+        cmd = [self.java, "-Xshare:dump", f"-XX:SharedClassListFile={self.classes}",
+               f"-XX:SharedArchiveFile={self.partial}", *self.jvm_options]
+        parent = die_with(os.getpid())
+
+        def preexec() -> None:
+            parent()
+            os.nice(10)
+
+        try:
+            self.proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, preexec_fn=preexec)
+        except OSError as exc:
+            self.say(f"class-data-sharing archive not made: {exc}", logging.WARNING)
+            return
+        self.started = time.monotonic()
+        self.say(f"making the class-data-sharing archive in the background (pid "
+                 f"{self.proc.pid}); the next starts map it")
+
+    def poll(self) -> None:
+        proc = self.proc
+        if proc is None or proc.poll() is None:
+            return
+        self.proc = None
+        took = time.monotonic() - self.started
+        if proc.returncode == 0 and self.partial.is_file():
+            self.partial.replace(self.archive)
+            self.say(f"class-data-sharing archive made in {took:.0f} s: {self.archive}")
+            return
+        self.partial.unlink(missing_ok=True)
+        try:
+            self.classes.replace(self.failed)
+        except OSError:
+            pass
+        self.say(f"class-data-sharing archive not made (java -Xshare:dump exited with "
+                 f"{_describe(proc.returncode)}); Spark starts without it", logging.WARNING)
+
+    def stop(self, deadline: float) -> None:
+        """The server stopped: a dump still running gets until ``deadline`` (what is left
+        of the JVM's stop budget, so the stop's bound holds), then is killed (the next
+        start runs it again)."""
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        self.poll()
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+            self.partial.unlink(missing_ok=True)
+            self.say("class-data-sharing archive not finished before the stop; the next "
+                     "start makes it")
+        self.recording.unlink(missing_ok=True)
+
+
 class Server:
     """One Connect server JVM and the wrapper's loop around it."""
 
@@ -261,6 +398,8 @@ class Server:
         self.stopping = False
         self.log_path = settings.dir / "logs" / LOG_NAME
         self._log = None
+        #: the class-data-sharing archive of this JVM's class path (None: turned off)
+        self.cds: Cds | None = None
 
     # -- small helpers -----------------------------------------------------------------
     def say(self, text: str, level: int = logging.INFO) -> None:
@@ -277,10 +416,14 @@ class Server:
         # tmp/ is scratch of the previous JVM only (one server per dir): a SIGKILLed JVM
         # leaves block-manager, artifact and native-library files behind.
         shutil.rmtree(d / "tmp", ignore_errors=True)
-        for sub in ("logs", "tmp", "work", "conf"):
+        for sub in ("logs", "tmp", "work", "conf", "cds"):
             (d / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(d, 0o700)   # the JVM's env holds the token; its scratch is ours only
-        (d / "conf" / "log4j2.properties").write_text(LOG4J2)
+        # conf/ stays empty: it is on the JVM's class path (SPARK_CONF_DIR), and a
+        # class-data-sharing archive refuses a non-empty directory there (:class:`Cds`);
+        # the log4j2 config is named by -Dlog4j2.configurationFile instead
+        (d / "conf" / "log4j2.properties").unlink(missing_ok=True)
+        (d / LOG4J2_NAME).write_text(LOG4J2)
         if self.log_path.exists() and self.log_path.stat().st_size > LOG_ROTATE_BYTES:
             self.log_path.replace(self.log_path.with_suffix(".log.1"))
         self._log = open(self.log_path, "ab", buffering=0)
@@ -308,6 +451,11 @@ class Server:
             (self.s.dir / PORT_NAME).write_text(f"{self.port}\n")
         env = self.jvm_env()
         cmd = java_command(spark_args(self.s, self.port), env, self.home)
+        cmd = [cmd[0], f"-Dlog4j2.configurationFile={self.s.dir / LOG4J2_NAME}", *cmd[1:]]
+        if os.environ.get(ENV_CDS, "1") != "0":
+            self.cds = Cds(self.s.dir / "cds", cmd, self.say)
+            cmd = [cmd[0], *self.cds.options(), *cmd[1:]]
+            self.cds.dump()   # a list recorded by an earlier start: the archive now
         self.say(f"starting Spark Connect server on {HOST}:{self.port} "
                  f"(master {self.s.master}, driver memory {self.s.driver_memory}); "
                  f"log {self.log_path}")
@@ -343,6 +491,9 @@ class Server:
             error = self._probe(deadline)
             if error is None:
                 self.say(f"ready after {time.monotonic() - t0:.1f} s (JVM pid {self.proc.pid})")
+                if self.cds is not None:   # the start's classes are loaded: archive them
+                    self.cds.recorded()
+                    self.cds.dump()
                 return True
             if self.stopping or self.jvm_exit() is not None:
                 return False
@@ -388,7 +539,11 @@ class Server:
                 code = self.proc.wait(timeout=1.0)
             except subprocess.TimeoutExpired:
                 child.heartbeat()
+                if self.cds is not None:
+                    self.cds.poll()
                 continue
+            if self.cds is not None:
+                self.cds.stop(time.monotonic())
             self.say(f"Spark Connect server JVM exited with {_describe(code)}; see "
                      f"{self.log_path}", logging.ERROR)
             self._forget_pid()
@@ -398,10 +553,11 @@ class Server:
     def stop(self) -> int:
         """SIGTERM the JVM (Spark's shutdown hooks stop the context), SIGKILL at the deadline."""
         proc = self.proc
-        if proc is None:
-            return 0
-        if proc.poll() is not None:
-            self._forget_pid()
+        if proc is None or proc.poll() is not None:
+            if self.cds is not None:
+                self.cds.stop(time.monotonic() + self.s.stop_timeout)
+            if proc is not None:
+                self._forget_pid()
             return 0
         self.say(f"stopping Spark Connect server (pid {proc.pid})")
         t0 = time.monotonic()
@@ -415,6 +571,8 @@ class Server:
             proc.wait()
         self.say(f"stopped in {time.monotonic() - t0:.1f} s")
         self._forget_pid()
+        if self.cds is not None:   # what is left of the JVM's stop budget
+            self.cds.stop(t0 + self.s.stop_timeout)
         return 0
 
     def _forget_pid(self) -> None:
