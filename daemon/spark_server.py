@@ -54,6 +54,7 @@ Life cycle, and why:
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -259,6 +260,29 @@ def java_command(args: Sequence[str], env: Mapping[str, str], home: Path) -> lis
 SUBMIT_CLASS = "org.apache.spark.deploy.SparkSubmit"
 
 
+def cds_folder(environ: Mapping[str, str] | None = None) -> Path:
+    """Where the archive lives: the user's cache (``$XDG_CACHE_HOME/offbroadway/spark-cds``,
+    else ``~/.cache/…``), shared by every state dir on the machine, since it depends only on
+    the java binary and the class path: one dump per machine and pyspark version, not one
+    per pipeline or test."""
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "offbroadway" / "spark-cds"
+
+
+def without_conf_dir(cmd: Sequence[str], conf_dir: Path) -> list[str]:
+    """The launcher's command with ``SPARK_CONF_DIR`` out of the class path: it is empty
+    (the log4j2 config is named by a property), a CDS archive refuses a non-empty
+    directory there, and without it the class path is the same for every state dir."""
+    out = list(cmd)
+    if "-cp" in out:
+        i = out.index("-cp") + 1
+        keep = [p for p in out[i].split(os.pathsep)
+                if p.rstrip("/") != str(conf_dir).rstrip("/")]
+        out[i] = os.pathsep.join(keep)
+    return out
+
+
 class Cds:
     """The JVM's class-data-sharing archive (AppCDS) for this java and class path.
 
@@ -267,28 +291,32 @@ class Cds:
     A static archive holds them ready to map; measured in docs/benchmarks.md.  How, with
     Java 17 (no ``-XX:+AutoCreateSharedArchive`` before 19):
 
-    1. the first start records the classes it loads (``-XX:DumpLoadedClassList``; free),
-       and the list is kept once the server is ready;
+    1. a start without an archive records the classes it loads
+       (``-XX:DumpLoadedClassList``; free), kept as the list once the server is ready;
     2. then ``java -Xshare:dump`` builds the archive from that list in a process of its
        own, at low priority (``nice``), while the server serves: a JVM's start worth of
-       CPU (~30 s here), so not in the start's path; the "dynamic" archive a JVM can
-       write at its exit took longer than the stop allows;
+       CPU (~30 s here), so not in the start's path (the "dynamic" archive a JVM can
+       write at its exit took longer than the stop allows);
     3. later starts map it (``-XX:SharedArchiveFile``).
 
-    A dump not finished when the server stops is killed and started again at the next
-    start; one that fails is not tried again for this list (``*.failed``).  The name is a
-    hash of the java binary and the class path, so a new JDK or pyspark gets a new archive
-    rather than one the JVM refuses (it would then start without sharing, with a warning
-    in the Spark log, never fail).  ``OFFBROADWAY_SPARK_CDS=0`` turns all of it off.
+    One dump at a time per machine (an ``flock``).  A dump still running when the server
+    stops gets what is left of the JVM's stop budget, then is killed, and the next start
+    runs it again; one that fails is not tried again for this list (``*.failed``).  The
+    name is a hash of the java binary, the class path and the module options, so a new
+    JDK or pyspark gets a new archive rather than one the JVM refuses (it would then start
+    without sharing, with a warning in the Spark log, never fail).
+    ``OFFBROADWAY_SPARK_CDS=0`` turns all of it off.
     """
 
     def __init__(self, folder: Path, cmd: Sequence[str], say: Any) -> None:
         self.say = say
         self.java = cmd[0]
         end = list(cmd).index(SUBMIT_CLASS) if SUBMIT_CLASS in cmd else len(cmd)
-        #: the JVM's options (class path, modules, opens): the dump must see the same
-        self.jvm_options = [o for o in cmd[1:end] if not o.startswith("-Dlog4j2.")]
-        cp = cmd[cmd.index("-cp") + 1] if "-cp" in cmd else ""
+        options = list(cmd[1:end])
+        cp = options[options.index("-cp") + 1] if "-cp" in options else ""
+        #: what CDS checks: the class path and the module options (not -D, not -Xmx)
+        self.jvm_options = ["-cp", cp, *(o for o in options
+                                         if o.startswith("--") or o == "-XX:+IgnoreUnrecognizedVMOptions")]
         stamp = ""
         for path in [self.java, *(p[:-1] for p in cp.split(os.pathsep) if p.endswith("*"))]:
             try:
@@ -296,40 +324,55 @@ class Cds:
             except OSError:
                 pass
         key = hashlib.sha256(f"{stamp}\0{' '.join(self.jvm_options)}".encode()).hexdigest()
+        self.folder = folder
         base = folder / f"spark-{key[:16]}"
         self.archive = base.with_suffix(".jsa")
         self.classes = base.with_suffix(".classlist")
         self.failed = base.with_suffix(".failed")
-        self.recording = base.with_suffix(".classlist.recording")
-        self.partial = base.with_suffix(".jsa.partial")
+        self.lock_path = base.with_suffix(".lock")
+        self.recording = base.with_suffix(f".classlist.{os.getpid()}.recording")
+        self.partial = base.with_suffix(f".jsa.{os.getpid()}.partial")
         self.proc: subprocess.Popen | None = None
+        self.lock: int | None = None
         self.started = 0.0
 
     def options(self) -> list[str]:
         """The server JVM's options: map the archive, or record what it loads."""
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return []
         if self.archive.is_file():
             self.say(f"class-data-sharing archive {self.archive}")
             return [f"-XX:SharedArchiveFile={self.archive}"]
         if self.classes.is_file() or self.failed.is_file():
             return []
-        self.recording.unlink(missing_ok=True)
         return [f"-XX:DumpLoadedClassList={self.recording}"]
 
     def recorded(self) -> None:
         """At ready: the classes loaded so far (start, session, first query) are the list."""
         try:
-            if self.recording.stat().st_size > 0:
+            if self.recording.stat().st_size > 0 and not self.classes.exists():
                 shutil.copyfile(self.recording, self.partial)
                 self.partial.replace(self.classes)
         except OSError:
             pass
 
     def dump(self) -> None:
-        """Build the archive in the background, if there is a list and no archive yet."""
+        """Build the archive in the background, if there is a list, no archive yet, and no
+        other server on this machine is building it."""
         if self.proc is not None or self.archive.is_file() or not self.classes.is_file() \
                 or self.failed.is_file():
             return
-        self.partial.unlink(missing_ok=True)
+        try:
+            lock = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            return
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:   # another server is making it
+            os.close(lock)
+            return
         cmd = [self.java, "-Xshare:dump", f"-XX:SharedClassListFile={self.classes}",
                f"-XX:SharedArchiveFile={self.partial}", *self.jvm_options]
         parent = die_with(os.getpid())
@@ -343,11 +386,13 @@ class Cds:
                 cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, preexec_fn=preexec)
         except OSError as exc:
+            os.close(lock)
             self.say(f"class-data-sharing archive not made: {exc}", logging.WARNING)
             return
+        self.lock = lock
         self.started = time.monotonic()
-        self.say(f"making the class-data-sharing archive in the background (pid "
-                 f"{self.proc.pid}); the next starts map it")
+        self.say(f"making the class-data-sharing archive {self.archive} in the background "
+                 f"(pid {self.proc.pid}); the next starts map it")
 
     def poll(self) -> None:
         proc = self.proc
@@ -358,14 +403,20 @@ class Cds:
         if proc.returncode == 0 and self.partial.is_file():
             self.partial.replace(self.archive)
             self.say(f"class-data-sharing archive made in {took:.0f} s: {self.archive}")
-            return
-        self.partial.unlink(missing_ok=True)
-        try:
-            self.classes.replace(self.failed)
-        except OSError:
-            pass
-        self.say(f"class-data-sharing archive not made (java -Xshare:dump exited with "
-                 f"{_describe(proc.returncode)}); Spark starts without it", logging.WARNING)
+        else:
+            self.partial.unlink(missing_ok=True)
+            try:
+                self.classes.replace(self.failed)
+            except OSError:
+                pass
+            self.say(f"class-data-sharing archive not made (java -Xshare:dump exited with "
+                     f"{_describe(proc.returncode)}); Spark starts without it", logging.WARNING)
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self.lock is not None:
+            os.close(self.lock)
+            self.lock = None
 
     def stop(self, deadline: float) -> None:
         """The server stopped: a dump still running gets until ``deadline`` (what is left
@@ -382,6 +433,7 @@ class Cds:
             self.proc.wait()
             self.proc = None
             self.partial.unlink(missing_ok=True)
+            self._unlock()
             self.say("class-data-sharing archive not finished before the stop; the next "
                      "start makes it")
         self.recording.unlink(missing_ok=True)
@@ -416,7 +468,7 @@ class Server:
         # tmp/ is scratch of the previous JVM only (one server per dir): a SIGKILLed JVM
         # leaves block-manager, artifact and native-library files behind.
         shutil.rmtree(d / "tmp", ignore_errors=True)
-        for sub in ("logs", "tmp", "work", "conf", "cds"):
+        for sub in ("logs", "tmp", "work", "conf"):
             (d / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(d, 0o700)   # the JVM's env holds the token; its scratch is ours only
         # conf/ stays empty: it is on the JVM's class path (SPARK_CONF_DIR), and a
@@ -453,7 +505,8 @@ class Server:
         cmd = java_command(spark_args(self.s, self.port), env, self.home)
         cmd = [cmd[0], f"-Dlog4j2.configurationFile={self.s.dir / LOG4J2_NAME}", *cmd[1:]]
         if os.environ.get(ENV_CDS, "1") != "0":
-            self.cds = Cds(self.s.dir / "cds", cmd, self.say)
+            cmd = without_conf_dir(cmd, self.s.dir / "conf")
+            self.cds = Cds(cds_folder(), cmd, self.say)
             cmd = [cmd[0], *self.cds.options(), *cmd[1:]]
             self.cds.dump()   # a list recorded by an earlier start: the archive now
         self.say(f"starting Spark Connect server on {HOST}:{self.port} "
