@@ -261,11 +261,14 @@ SUBMIT_CLASS = "org.apache.spark.deploy.SparkSubmit"
 
 
 def cds_folder(environ: Mapping[str, str] | None = None) -> Path:
-    """Where the archive lives: the user's cache (``$XDG_CACHE_HOME/offbroadway/spark-cds``,
-    else ``~/.cache/…``), shared by every state dir on the machine, since it depends only on
-    the java binary and the class path: one dump per machine and pyspark version, not one
-    per pipeline or test."""
+    """Where the archive lives: systemd's ``CacheDirectory=`` (``$CACHE_DIRECTORY``), else
+    the user's cache (``$XDG_CACHE_HOME/offbroadway/spark-cds``, else ``~/.cache/…``),
+    shared by every state dir of the user, since it depends only on the java binary and
+    the class path: one dump per machine and pyspark version, not one per pipeline or
+    test.  Not writable (a sandboxed unit without a cache dir): Spark starts without it."""
     env = os.environ if environ is None else environ
+    if env.get("CACHE_DIRECTORY"):
+        return Path(env["CACHE_DIRECTORY"].split(":")[0]) / "spark-cds"
     base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "offbroadway" / "spark-cds"
 

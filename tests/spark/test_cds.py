@@ -43,8 +43,16 @@ def test_a_start_records_then_maps(tmp_path: Path):
     assert cds.options() == [f"-XX:SharedArchiveFile={cds.archive}"]
 
 
-def test_the_cache_folder_follows_xdg(tmp_path: Path):
+def test_the_cache_folder_follows_xdg_and_systemd(tmp_path: Path):
     assert cds_folder({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "offbroadway" / "spark-cds"
+    assert cds_folder({"CACHE_DIRECTORY": "/var/cache/ob", "XDG_CACHE_HOME": "/x"}) == \
+        Path("/var/cache/ob/spark-cds")
+
+
+def test_an_unwritable_cache_means_no_archive_and_no_error(tmp_path: Path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert Cds(blocker / "cds", _cmd("/s"), lambda _text: None).options() == []
 
 
 def _maps(pid: int) -> str:
