@@ -318,8 +318,8 @@ class Cds:
         options = list(cmd[1:end])
         cp = options[options.index("-cp") + 1] if "-cp" in options else ""
         #: what CDS checks: the class path and the module options (not -D, not -Xmx)
-        self.jvm_options = ["-cp", cp, *(o for o in options
-                                         if o.startswith("--") or o == "-XX:+IgnoreUnrecognizedVMOptions")]
+        self.jvm_options = ["-cp", cp, *(o for o in options if o.startswith("--")
+                                         or o == "-XX:+IgnoreUnrecognizedVMOptions")]
         stamp = ""
         for path in [self.java, *(p[:-1] for p in cp.split(os.pathsep) if p.endswith("*"))]:
             try:
