@@ -54,6 +54,8 @@ Life cycle, and why:
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import importlib.util
 import json
 import logging
@@ -67,6 +69,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from offbroadway.stages.runtime import logs
 from offbroadway.stages.spark.spark_remote import ENV_TOKEN
@@ -95,6 +98,9 @@ LOG_NAME = "spark-connect.log"
 PID_NAME = "spark-connect.pid"
 PORT_NAME = "spark-connect.port"
 LOG_ROTATE_BYTES = 64 * 1024 * 1024
+LOG4J2_NAME = "log4j2.properties"
+#: ``0`` turns the class-data-sharing archive off (:class:`Cds`)
+ENV_CDS = "OFFBROADWAY_SPARK_CDS"
 
 # WARN keeps the log to start/stop and real trouble: at INFO the Connect server writes
 # ~20 lines per request, i.e. a growing file at ~10 writes/s.  The startup line stays.
@@ -250,6 +256,192 @@ def java_command(args: Sequence[str], env: Mapping[str, str], home: Path) -> lis
     return cmd
 
 
+#: where the JVM's options end in the launcher's command
+SUBMIT_CLASS = "org.apache.spark.deploy.SparkSubmit"
+
+
+def cds_folder(environ: Mapping[str, str] | None = None) -> Path:
+    """Where the archive lives: systemd's ``CacheDirectory=`` (``$CACHE_DIRECTORY``), else
+    the user's cache (``$XDG_CACHE_HOME/offbroadway/spark-cds``, else ``~/.cache/…``),
+    shared by every state dir of the user, since it depends only on the java binary and
+    the class path: one dump per machine and pyspark version, not one per pipeline or
+    test.  Not writable (a sandboxed unit without a cache dir): Spark starts without it."""
+    env = os.environ if environ is None else environ
+    if env.get("CACHE_DIRECTORY"):
+        return Path(env["CACHE_DIRECTORY"].split(":")[0]) / "spark-cds"
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "offbroadway" / "spark-cds"
+
+
+def without_conf_dir(cmd: Sequence[str], conf_dir: Path) -> list[str]:
+    """The launcher's command with ``SPARK_CONF_DIR`` out of the class path: it is empty
+    (the log4j2 config is named by a property), a CDS archive refuses a non-empty
+    directory there, and without it the class path is the same for every state dir."""
+    out = list(cmd)
+    if "-cp" in out:
+        i = out.index("-cp") + 1
+        keep = [p for p in out[i].split(os.pathsep)
+                if p.rstrip("/") != str(conf_dir).rstrip("/")]
+        out[i] = os.pathsep.join(keep)
+    return out
+
+
+class Cds:
+    """The JVM's class-data-sharing archive (AppCDS) for this java and class path.
+
+    Why: the JVM's start was most of the README job's time (Spark loads ~18,000 classes:
+    its own, Scala's, Netty's, gRPC's, each parsed, verified and linked at every start).
+    A static archive holds them ready to map; measured in docs/benchmarks.md.  How, with
+    Java 17 (no ``-XX:+AutoCreateSharedArchive`` before 19):
+
+    1. a start without an archive records the classes it loads
+       (``-XX:DumpLoadedClassList``; free), kept as the list once the server is ready;
+    2. then ``java -Xshare:dump`` builds the archive from that list in a process of its
+       own, at low priority (``nice``), while the server serves: a JVM's start worth of
+       CPU (~30 s here), so not in the start's path (the "dynamic" archive a JVM can
+       write at its exit took longer than the stop allows);
+    3. later starts map it (``-XX:SharedArchiveFile``).
+
+    One dump at a time per machine (an ``flock``).  A dump still running when the server
+    stops gets what is left of the JVM's stop budget, then is killed, and the next start
+    runs it again; one that fails is not tried again for this list (``*.failed``).  The
+    name is a hash of the java binary, the class path and the module options, so a new
+    JDK or pyspark gets a new archive rather than one the JVM refuses (it would then start
+    without sharing, with a warning in the Spark log, never fail).
+    ``OFFBROADWAY_SPARK_CDS=0`` turns all of it off.
+    """
+
+    def __init__(self, folder: Path, cmd: Sequence[str], say: Any) -> None:
+        self.say = say
+        self.java = cmd[0]
+        end = list(cmd).index(SUBMIT_CLASS) if SUBMIT_CLASS in cmd else len(cmd)
+        options = list(cmd[1:end])
+        cp = options[options.index("-cp") + 1] if "-cp" in options else ""
+        #: what CDS checks: the class path and the module options (not -D, not -Xmx)
+        self.jvm_options = ["-cp", cp, *(o for o in options if o.startswith("--")
+                                         or o == "-XX:+IgnoreUnrecognizedVMOptions")]
+        stamp = ""
+        for path in [self.java, *(p[:-1] for p in cp.split(os.pathsep) if p.endswith("*"))]:
+            try:
+                stamp += f":{Path(path).resolve()}@{Path(path).stat().st_mtime_ns}"
+            except OSError:
+                pass
+        key = hashlib.sha256(f"{stamp}\0{' '.join(self.jvm_options)}".encode()).hexdigest()
+        self.folder = folder
+        base = folder / f"spark-{key[:16]}"
+        self.archive = base.with_suffix(".jsa")
+        self.classes = base.with_suffix(".classlist")
+        self.failed = base.with_suffix(".failed")
+        self.lock_path = base.with_suffix(".lock")
+        self.recording = base.with_suffix(f".classlist.{os.getpid()}.recording")
+        self.partial = base.with_suffix(f".jsa.{os.getpid()}.partial")
+        self.proc: subprocess.Popen | None = None
+        self.lock: int | None = None
+        self.started = 0.0
+
+    def options(self) -> list[str]:
+        """The server JVM's options: map the archive, or record what it loads."""
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return []
+        if self.archive.is_file():
+            self.say(f"class-data-sharing archive {self.archive}")
+            return [f"-XX:SharedArchiveFile={self.archive}"]
+        if self.classes.is_file() or self.failed.is_file():
+            return []
+        return [f"-XX:DumpLoadedClassList={self.recording}"]
+
+    def recorded(self) -> None:
+        """At ready: the classes loaded so far (start, session, first query) are the list."""
+        try:
+            if self.recording.stat().st_size > 0 and not self.classes.exists():
+                shutil.copyfile(self.recording, self.partial)
+                self.partial.replace(self.classes)
+        except OSError:
+            pass
+
+    def dump(self) -> None:
+        """Build the archive in the background, if there is a list, no archive yet, and no
+        other server on this machine is building it."""
+        if self.proc is not None or self.archive.is_file() or not self.classes.is_file() \
+                or self.failed.is_file():
+            return
+        try:
+            lock = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            return
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:   # another server is making it
+            os.close(lock)
+            return
+        cmd = [self.java, "-Xshare:dump", f"-XX:SharedClassListFile={self.classes}",
+               f"-XX:SharedArchiveFile={self.partial}", *self.jvm_options]
+        parent = die_with(os.getpid())
+
+        def preexec() -> None:
+            parent()
+            os.nice(10)
+
+        try:
+            self.proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, preexec_fn=preexec)
+        except OSError as exc:
+            os.close(lock)
+            self.say(f"class-data-sharing archive not made: {exc}", logging.WARNING)
+            return
+        self.lock = lock
+        self.started = time.monotonic()
+        self.say(f"making the class-data-sharing archive {self.archive} in the background "
+                 f"(pid {self.proc.pid}); the next starts map it")
+
+    def poll(self) -> None:
+        proc = self.proc
+        if proc is None or proc.poll() is None:
+            return
+        self.proc = None
+        took = time.monotonic() - self.started
+        if proc.returncode == 0 and self.partial.is_file():
+            self.partial.replace(self.archive)
+            self.say(f"class-data-sharing archive made in {took:.0f} s: {self.archive}")
+        else:
+            self.partial.unlink(missing_ok=True)
+            try:
+                self.classes.replace(self.failed)
+            except OSError:
+                pass
+            self.say(f"class-data-sharing archive not made (java -Xshare:dump exited with "
+                     f"{_describe(proc.returncode)}); Spark starts without it", logging.WARNING)
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self.lock is not None:
+            os.close(self.lock)
+            self.lock = None
+
+    def stop(self, deadline: float) -> None:
+        """The server stopped: a dump still running gets until ``deadline`` (what is left
+        of the JVM's stop budget, so the stop's bound holds), then is killed (the next
+        start runs it again)."""
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        self.poll()
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+            self.partial.unlink(missing_ok=True)
+            self._unlock()
+            self.say("class-data-sharing archive not finished before the stop; the next "
+                     "start makes it")
+        self.recording.unlink(missing_ok=True)
+
+
 class Server:
     """One Connect server JVM and the wrapper's loop around it."""
 
@@ -261,6 +453,8 @@ class Server:
         self.stopping = False
         self.log_path = settings.dir / "logs" / LOG_NAME
         self._log = None
+        #: the class-data-sharing archive of this JVM's class path (None: turned off)
+        self.cds: Cds | None = None
 
     # -- small helpers -----------------------------------------------------------------
     def say(self, text: str, level: int = logging.INFO) -> None:
@@ -280,7 +474,11 @@ class Server:
         for sub in ("logs", "tmp", "work", "conf"):
             (d / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(d, 0o700)   # the JVM's env holds the token; its scratch is ours only
-        (d / "conf" / "log4j2.properties").write_text(LOG4J2)
+        # conf/ stays empty: it is on the JVM's class path (SPARK_CONF_DIR), and a
+        # class-data-sharing archive refuses a non-empty directory there (:class:`Cds`);
+        # the log4j2 config is named by -Dlog4j2.configurationFile instead
+        (d / "conf" / "log4j2.properties").unlink(missing_ok=True)
+        (d / LOG4J2_NAME).write_text(LOG4J2)
         if self.log_path.exists() and self.log_path.stat().st_size > LOG_ROTATE_BYTES:
             self.log_path.replace(self.log_path.with_suffix(".log.1"))
         self._log = open(self.log_path, "ab", buffering=0)
@@ -308,6 +506,12 @@ class Server:
             (self.s.dir / PORT_NAME).write_text(f"{self.port}\n")
         env = self.jvm_env()
         cmd = java_command(spark_args(self.s, self.port), env, self.home)
+        cmd = [cmd[0], f"-Dlog4j2.configurationFile={self.s.dir / LOG4J2_NAME}", *cmd[1:]]
+        if os.environ.get(ENV_CDS, "1") != "0":
+            cmd = without_conf_dir(cmd, self.s.dir / "conf")
+            self.cds = Cds(cds_folder(), cmd, self.say)
+            cmd = [cmd[0], *self.cds.options(), *cmd[1:]]
+            self.cds.dump()   # a list recorded by an earlier start: the archive now
         self.say(f"starting Spark Connect server on {HOST}:{self.port} "
                  f"(master {self.s.master}, driver memory {self.s.driver_memory}); "
                  f"log {self.log_path}")
@@ -343,6 +547,9 @@ class Server:
             error = self._probe(deadline)
             if error is None:
                 self.say(f"ready after {time.monotonic() - t0:.1f} s (JVM pid {self.proc.pid})")
+                if self.cds is not None:   # the start's classes are loaded: archive them
+                    self.cds.recorded()
+                    self.cds.dump()
                 return True
             if self.stopping or self.jvm_exit() is not None:
                 return False
@@ -388,7 +595,11 @@ class Server:
                 code = self.proc.wait(timeout=1.0)
             except subprocess.TimeoutExpired:
                 child.heartbeat()
+                if self.cds is not None:
+                    self.cds.poll()
                 continue
+            if self.cds is not None:
+                self.cds.stop(time.monotonic())
             self.say(f"Spark Connect server JVM exited with {_describe(code)}; see "
                      f"{self.log_path}", logging.ERROR)
             self._forget_pid()
@@ -398,10 +609,11 @@ class Server:
     def stop(self) -> int:
         """SIGTERM the JVM (Spark's shutdown hooks stop the context), SIGKILL at the deadline."""
         proc = self.proc
-        if proc is None:
-            return 0
-        if proc.poll() is not None:
-            self._forget_pid()
+        if proc is None or proc.poll() is not None:
+            if self.cds is not None:
+                self.cds.stop(time.monotonic() + self.s.stop_timeout)
+            if proc is not None:
+                self._forget_pid()
             return 0
         self.say(f"stopping Spark Connect server (pid {proc.pid})")
         t0 = time.monotonic()
@@ -415,6 +627,8 @@ class Server:
             proc.wait()
         self.say(f"stopped in {time.monotonic() - t0:.1f} s")
         self._forget_pid()
+        if self.cds is not None:   # what is left of the JVM's stop budget
+            self.cds.stop(t0 + self.s.stop_timeout)
         return 0
 
     def _forget_pid(self) -> None:
