@@ -210,9 +210,9 @@ def faulty_run(net: Link, server, tmp: Path, rabbit, *, n: int, fault, retry: fl
                                    "50ms")], ids=["netem", "tbf"])
 def test_delay_and_loss_for_a_minute_slow_the_commits_and_lose_nothing(
         net: Link, far_spark, short_tmp: Path, rabbit, spec: tuple[str, ...]) -> None:
-    """The link degraded for a minute: ``tc netem delay 100ms loss 5%`` each way (200 ms a round trip; skipped where the
-    kernel has no netem), or ``tc tbf``: 1 Mbit/s, packets that would queue more than 50 ms
-    dropped.  Commits slower, every id once."""
+    """The link degraded for a minute: ``tc netem delay 100ms loss 5%`` each way (200 ms a
+    round trip; skipped where the kernel has no netem), or ``tc tbf``: 1 Mbit/s, packets
+    that would queue more than 50 ms dropped.  Commits slower, every id once."""
     why = net.can(*spec)
     if why is not None:
         pytest.skip(why)
