@@ -174,8 +174,8 @@ def test_a_partition_of_2_minutes_during_a_commit_writes_each_id_once(
     check_partition(seen, 120)
 
 
-def faulty_run(net: Link, server, tmp: Path, rabbit, *, n: int, fault, retry: float = 300
-               ) -> str:
+def faulty_run(net: Link, server, tmp: Path, rabbit, *, n: int, fault, retry: float = 300,
+               token_file: Path | None = None) -> str:
     """RabbitMQ (``n`` messages, 2,000 a second) → the far Spark; ``fault(sock)`` runs
     once the committer is in a job after a first commit; then until idle.  Every id
     once, the queue empty; returns the log."""
@@ -185,6 +185,9 @@ def faulty_run(net: Link, server, tmp: Path, rabbit, *, n: int, fault, retry: fl
     config = backlog_config(tmp, server, queue, rate=2000, prefetch=4000, batch_size=500,
                             commit_rows=3000, commit_interval=0.5)
     config.write_text(config.read_text() + f"write_retry_seconds = {retry}\n")
+    if token_file is not None:   # the token read from a file, at every connect
+        config.write_text(config.read_text().replace(
+            f'token_env = "{TOKEN_ENV}"', f'token_file = "{token_file}"'))
     daemon, log = start_in(net, config, tmp, server)
     sock = tmp / "run" / "control.sock"
     try:
@@ -238,14 +241,25 @@ def test_delay_and_loss_for_a_minute_slow_the_commits_and_lose_nothing(
 def test_the_connect_server_restarted_mid_commit_lands_the_jobs_rows_once(
         net: Link, far_spark, short_tmp: Path, rabbit) -> None:
     """The server SIGKILLed while the committer's job runs and started again on the same
-    address with the same credential (an upgrade's restart): the job is retried with its
-    stamp on the new server; every id once."""
+    address (an upgrade's restart) with a new credential, rotated in the token file the
+    committer reads at every connect: the job is retried with its stamp on the new server;
+    every id once."""
+    import secrets
+
+    token_file = short_tmp / "spark.token"
+    token_file.write_text(far_spark.token + "\n")
+    token_file.chmod(0o600)
+
     def fault(_sock: Path) -> None:
         far_spark.proc.kill()
         far_spark.proc.wait()
+        token = secrets.token_urlsafe(24)
+        token_file.write_text(token + "\n")
         again = start_server(short_tmp / "srv", wrap=net.exec(net.srv, []),
-                             port=SERVER_PORT, token=far_spark.token)
-        far_spark.proc = again.proc
+                             port=SERVER_PORT, token=token)
+        far_spark.proc, far_spark.token = again.proc, token
 
-    err = faulty_run(net, far_spark, short_tmp, rabbit, n=30_000, fault=fault)
+    err = faulty_run(net, far_spark, short_tmp, rabbit, n=30_000, fault=fault,
+                     token_file=token_file)
     assert "Spark write attempt" in err, err[-3000:]
+    assert far_spark.token not in err
