@@ -187,6 +187,11 @@ class SparkConfig:
     #: the committer journals each commit's stamp and checks the ids in doubt after a
     #: restart (docs/design-spark.md §5); false: plain at-least-once, no journal, no check
     exactly_once: bool = True
+    #: a remote's TLS: ``use_ssl`` (the bundled roots), or a PEM ``ca_file`` to trust
+    use_ssl: bool = False
+    ca_file: str = ""                   # absolute
+    #: seconds a connection to Spark may take to come up before status calls it unreachable
+    connect_timeout: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -352,7 +357,8 @@ def _spark(t: _Table) -> SparkConfig:
         commit_interval=t.get("commit_interval", float, SPARK_COMMIT_INTERVAL,
                               check=_positive),
         staging=_staging(t.get("staging", str, "")),
-        exactly_once=t.get("exactly_once", bool, True))
+        exactly_once=t.get("exactly_once", bool, True),
+        **_spark_cluster(t))
     t.done()
     if out.conf and out.remote:
         raise ConfigError("spark.conf: sets the local Spark server's properties; with "
@@ -389,6 +395,28 @@ def _ddl(t: _Table) -> str:
     already there, fixes the columns) or ``"evolve"`` (new fields become new columns)."""
     value = t.get("schema", str, "")
     return "" if value.strip().lower() in ("", "fixed", "evolve") else value
+
+
+def _spark_cluster(t: _Table) -> dict:
+    """What reaching a remote Spark takes beyond its address: TLS (``use_ssl``, a PEM
+    ``ca_file``) and how long a connection may take (``connect_timeout``)."""
+    ca_file = t.get("ca_file", str, "")
+    out = {"use_ssl": t.get("use_ssl", bool, False),
+           "ca_file": os.path.abspath(ca_file) if ca_file else "",
+           "connect_timeout": t.get("connect_timeout", float, 2.0, check=_positive)}
+    if (out["use_ssl"] or ca_file) and not t.raw.get("remote"):
+        raise ConfigError(f"{t.key('use_ssl' if out['use_ssl'] else 'ca_file')}: TLS is for "
+                          f"a remote Spark (spark.remote); the daemon's own server is local")
+    if ca_file:
+        try:
+            pem = open(out["ca_file"], "rb").read()
+        except OSError as exc:
+            raise ConfigError(f"{t.key('ca_file')}: cannot read {out['ca_file']}: "
+                              f"{exc.strerror}") from None
+        if b"-----BEGIN CERTIFICATE-----" not in pem:
+            raise ConfigError(f"{t.key('ca_file')}: {out['ca_file']} holds no PEM "
+                              f"certificate")
+    return out
 
 
 def _output(t: _Table) -> str:

@@ -137,9 +137,10 @@ def sink_settings(spark: SparkConfig, state_dir: str = "") -> dict[str, Any]:
         "write_retry_seconds": spark.write_retry_seconds,
         "write_timeout": spark.write_timeout,
         "commit_rows": spark.commit_rows, "commit_interval": spark.commit_interval}
+    settings["connect_timeout"] = spark.connect_timeout
     if spark.remote:
         settings["remote"] = spark.remote
-        for key in ("token_env", "token_file"):
+        for key in ("token_env", "token_file", "use_ssl", "ca_file"):
             if getattr(spark, key):
                 settings[key] = getattr(spark, key)
     return settings

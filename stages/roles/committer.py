@@ -48,8 +48,6 @@ log = logging.getLogger("offbroadway.committer")
 #: a Spark call running longer than this makes the committer check whether Spark can be
 #: reached at all (SparkSink.probe), once a second while it runs
 PROBE_AFTER = 2.0
-#: how long a probe waits for a connection
-PROBE_TIMEOUT = 2.0
 
 #: settings in the spec's ``spark`` dict that are the committer's, not the sink's
 GROUP_KEYS = ("commit_rows", "commit_interval", "exactly_once", "peer_batches")
@@ -177,7 +175,7 @@ class CommitterStage(Stage):
     def _probe(self) -> None:
         at = time.time()
         try:
-            why = self.sink.probe(PROBE_TIMEOUT)
+            why = self.sink.probe(self.sink.connect_timeout)
         except Exception as exc:   # a probe must never take the stage down
             why = f"{type(exc).__name__}: {exc}"
         finally:

@@ -231,6 +231,24 @@ class CommitFailed(Exception):
         self.permanent = permanent
 
 
+class _ChannelBuilder(DefaultChannelBuilder):
+    """pyspark's channel builder, trusting the PEM ``roots`` given (a private CA) instead
+    of the bundled ones when the channel is TLS."""
+
+    def __init__(self, url: str, roots: bytes | None) -> None:
+        super().__init__(url)
+        self._roots = roots
+
+    def toChannel(self) -> grpc.Channel:
+        if self._roots is None or not self.use_ssl:
+            return super().toChannel()
+        creds = grpc.ssl_channel_credentials(root_certificates=self._roots)
+        if self.token is not None:
+            creds = grpc.composite_channel_credentials(
+                creds, grpc.access_token_call_credentials(self.token))
+        return self._secure_channel(self.endpoint, creds)
+
+
 class SparkSink:
     """Commits Arrow tables through one Spark Connect session (see the module docstring)."""
 
@@ -242,6 +260,8 @@ class SparkSink:
                  write_retry_seconds: float = 60.0, write_timeout: float = 600.0,
                  staging: str | None = None, table: str | None = None,
                  session_id: str | None = None, evolve: bool = False,
+                 use_ssl: bool = False, ca_file: str | None = None,
+                 connect_timeout: float = 2.0,
                  **options: Any) -> None:
         remote = remote or os.environ.get(spark_remote.ENV_REMOTE)
         if not remote:
@@ -277,6 +297,12 @@ class SparkSink:
         #: the server-side session's id (a UUID), chosen by the owner so that it can be
         #: journaled before the first call (:meth:`settle_session`); None: pyspark's own
         self.session_id = session_id
+        #: TLS to the remote (``use_ssl``, or a ``ca_file`` of PEM roots to trust instead of
+        #: the bundled ones); a connection that does not come up within
+        #: ``connect_timeout`` counts as Spark unreachable (:meth:`probe`)
+        self.use_ssl = bool(use_ssl or ca_file)
+        self.ca_file = ca_file or None
+        self.connect_timeout = float(connect_timeout)
         self._spark: SparkSession | None = None
         self._spark_schema: StructType | None = None   # from the DDL, with our columns
         self._arrow_schema: pa.Schema | None = None     # from the DDL, data columns only
@@ -565,12 +591,18 @@ class SparkSink:
         return self._spark
 
     def _builder(self, session_id: str | None) -> DefaultChannelBuilder:
-        builder = DefaultChannelBuilder(self.remote)
+        roots = None
+        if self.ca_file:   # read at every connect, like the token: a renewed CA is picked up
+            with open(self.ca_file, "rb") as f:
+                roots = f.read()
+        builder = _ChannelBuilder(self.remote, roots)
         token = spark_remote.token(self.token_file, self.token_env)
         if token:
             builder.set(DefaultChannelBuilder.PARAM_TOKEN, token)
         if session_id:
             builder.set(DefaultChannelBuilder.PARAM_SESSION_ID, session_id)
+        if self.use_ssl:
+            builder.set(DefaultChannelBuilder.PARAM_USE_SSL, "true")
         return builder
 
     def probe(self, timeout: float = 2.0) -> str | None:

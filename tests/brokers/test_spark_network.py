@@ -73,7 +73,7 @@ def figures(sock: Path) -> dict:
 
 
 def partition_during_a_commit(net: Link, server, tmp: Path, rabbit, *, n: int,
-                              seconds: float) -> dict:
+                              seconds: float, retry: float | None = None) -> dict:
     """RabbitMQ (``n`` messages, 2,000 a second) → one batcher → the far Spark; the link
     down for ``seconds`` once the committer runs a job after a first commit.  Returns
     what was seen."""
@@ -82,6 +82,8 @@ def partition_during_a_commit(net: Link, server, tmp: Path, rabbit, *, n: int,
     ids = publish(rabbit, queue, n)
     config = backlog_config(tmp, server, queue, rate=2000, prefetch=4000, batch_size=500,
                             commit_rows=3000, commit_interval=0.5)
+    if retry is not None:
+        config.write_text(config.read_text() + f"write_retry_seconds = {retry}\n")
     daemon, log = start_in(net, config, tmp, server)
     sock = tmp / "run" / "control.sock"
     seen: dict = {"during": []}
@@ -158,3 +160,106 @@ def test_a_partition_of_10_s_during_a_commit_writes_each_id_once(
     seen = partition_during_a_commit(net, far_spark, short_tmp, rabbit, n=30_000,
                                      seconds=10)
     check_partition(seen, 10)
+
+
+@pytest.mark.slow
+def test_a_partition_of_2_minutes_during_a_commit_writes_each_id_once(
+        net: Link, far_spark, short_tmp: Path, rabbit) -> None:
+    """Two minutes: past gRPC's keepalive (60 s + 20 s), so the job's call fails and is
+    retried (``write_retry_seconds`` 300 here: with the default 60 s, a partition that long
+    fails the group's batches, which their source takes back, nothing lost) with the same
+    stamp; the job the server finished meanwhile is not written twice."""
+    seen = partition_during_a_commit(net, far_spark, short_tmp, rabbit, n=30_000,
+                                     seconds=120, retry=300)
+    check_partition(seen, 120)
+
+
+def faulty_run(net: Link, server, tmp: Path, rabbit, *, n: int, fault, retry: float = 300,
+               token_file: Path | None = None) -> str:
+    """RabbitMQ (``n`` messages, 2,000 a second) → the far Spark; ``fault(sock)`` runs
+    once the committer is in a job after a first commit; then until idle.  Every id
+    once, the queue empty; returns the log."""
+    net.relay_rabbitmq()
+    queue = rabbit.queue()
+    ids = publish(rabbit, queue, n)
+    config = backlog_config(tmp, server, queue, rate=2000, prefetch=4000, batch_size=500,
+                            commit_rows=3000, commit_interval=0.5)
+    config.write_text(config.read_text() + f"write_retry_seconds = {retry}\n")
+    if token_file is not None:   # the token read from a file, at every connect
+        config.write_text(config.read_text().replace(
+            f'token_env = "{TOKEN_ENV}"', f'token_file = "{token_file}"'))
+    daemon, log = start_in(net, config, tmp, server)
+    sock = tmp / "run" / "control.sock"
+    try:
+        wait_until(lambda: (lambda c: c.get("committing", 0) > 0 and c.get("commits", 0) > 0)(
+            figures(sock).get("committer", {})), timeout=300, interval=0.05,
+            message="the committer in a Spark job")
+        fault(sock)
+        code = daemon.wait(900)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+    err = log.read_text()
+    assert code == 0, err[-3000:]
+    assert_each_id_once(tmp, ids, err)
+    assert rabbit.ready(queue) == 0, "messages left in the queue"
+    return err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", [("netem", "delay", "100ms", "loss", "5%"),
+                                  ("tbf", "rate", "1mbit", "burst", "32kbit", "latency",
+                                   "50ms")], ids=["netem", "tbf"])
+def test_delay_and_loss_for_a_minute_slow_the_commits_and_lose_nothing(
+        net: Link, far_spark, short_tmp: Path, rabbit, spec: tuple[str, ...]) -> None:
+    """The link degraded for a minute: ``tc netem delay 100ms loss 5%`` each way (200 ms a
+    round trip; skipped where the kernel has no netem), or ``tc tbf``: 1 Mbit/s, packets
+    that would queue more than 50 ms dropped.  Commits slower, every id once."""
+    why = net.can(*spec)
+    if why is not None:
+        pytest.skip(why)
+    took: dict = {}
+
+    def fault(sock: Path) -> None:
+        before = figures(sock)["committer"].get("commits", 0)
+        net.qdisc(*spec)
+        t0 = time.monotonic()
+        try:
+            while time.monotonic() - t0 < 60:
+                time.sleep(1)   # the fault's length
+        finally:
+            net.clear()
+        took["commits"] = figures(sock)["committer"].get("commits", 0) - before
+
+    faulty_run(net, far_spark, short_tmp, rabbit, n=150_000, fault=fault)
+    assert took["commits"] > 0, "no commit went through the degraded link"
+    print(f"\n{took['commits']} commits in the minute of {' '.join(spec)}")
+
+
+@pytest.mark.slow
+def test_the_connect_server_restarted_mid_commit_lands_the_jobs_rows_once(
+        net: Link, far_spark, short_tmp: Path, rabbit) -> None:
+    """The server SIGKILLed while the committer's job runs and started again on the same
+    address (an upgrade's restart) with a new credential, rotated in the token file the
+    committer reads at every connect: the job is retried with its stamp on the new server;
+    every id once."""
+    import secrets
+
+    token_file = short_tmp / "spark.token"
+    token_file.write_text(far_spark.token + "\n")
+    token_file.chmod(0o600)
+
+    def fault(_sock: Path) -> None:
+        far_spark.proc.kill()
+        far_spark.proc.wait()
+        token = secrets.token_urlsafe(24)
+        token_file.write_text(token + "\n")
+        again = start_server(short_tmp / "srv", wrap=net.exec(net.srv, []),
+                             port=SERVER_PORT, token=token)
+        far_spark.proc, far_spark.token = again.proc, token
+
+    err = faulty_run(net, far_spark, short_tmp, rabbit, n=30_000, fault=fault,
+                     token_file=token_file)
+    assert "Spark write attempt" in err, err[-3000:]
+    assert far_spark.token not in err

@@ -4,7 +4,8 @@ The Spark Connect server runs in a namespace of its own (``srv``), the daemon in
 (``cli``), joined by a veth pair with addresses only inside them (10.77.0.1 and
 10.77.0.2; the namespaces are private, so every test can use the same); faults come from
 the kernel's own tools on the client's end of the link: ``ip link set down``/``up`` (a
-partition), ``tc netem`` (delay, loss, reordering).  The machine's own network is not
+partition), ``tc`` (``netem`` delay and loss where the kernel has it, ``tbf``: a slow link
+that drops what queues too long).  The machine's own network is not
 touched.
 
 Two ``socat`` relays stand where a cluster's address and a broker's would be:
@@ -128,16 +129,27 @@ class Link:
     def up(self) -> None:
         _ip("-n", self.cli, "link", "set", self.dev, "up")
 
-    def netem(self, *spec: str) -> None:
-        """``tc qdisc replace … netem <spec>`` on the client's end (both directions of a
-        veth pass it: what the client sends, and, on the peer, nothing: give the delay
-        as the round trip's)."""
-        subprocess.run(["tc", "-n", self.cli, "qdisc", "replace", "dev", self.dev, "root",
-                        "netem", *spec], check=True, capture_output=True, timeout=30)
+    def qdisc(self, *spec: str) -> None:
+        """``tc qdisc replace … root <spec>`` on both ends of the link, so both directions
+        pass it (``netem delay 200ms loss 5%``: 400 ms a round trip; ``tbf rate 1mbit
+        burst 32kbit latency 50ms``: a slow link that drops what would queue longer)."""
+        for ns, dev in ((self.cli, self.dev), (self.srv, f"obs{self.tag}")):
+            subprocess.run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", *spec],
+                           check=True, capture_output=True, timeout=30)
+
+    def can(self, *spec: str) -> str | None:
+        """Why this kernel cannot apply ``spec`` (None: it can): tried on a dummy end."""
+        out = subprocess.run(["tc", "-n", self.srv, "qdisc", "replace", "dev", "lo", "root",
+                              *spec], capture_output=True, text=True, timeout=30)
+        subprocess.run(["tc", "-n", self.srv, "qdisc", "del", "dev", "lo", "root"],
+                       capture_output=True, timeout=30)
+        return None if out.returncode == 0 else \
+            f"tc qdisc {spec[0]}: {out.stderr.strip()} (this kernel lacks sch_{spec[0]})"
 
     def clear(self) -> None:
-        subprocess.run(["tc", "-n", self.cli, "qdisc", "del", "dev", self.dev, "root"],
-                       capture_output=True, timeout=30)
+        for ns, dev in ((self.cli, self.dev), (self.srv, f"obs{self.tag}")):
+            subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"],
+                           capture_output=True, timeout=30)
 
     def close(self) -> None:
         for p in self.procs:

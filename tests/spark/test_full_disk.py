@@ -31,7 +31,9 @@ from tests.spark.test_pipeline_spark import (
     status,
 )
 
-pytestmark = pytest.mark.spark
+# the network partition is the default run's representative fault (tests/brokers/
+# test_spark_network.py); this one is slow (pytest -m slow, ~60 s)
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
 @pytest.fixture
