@@ -173,10 +173,9 @@ def _to_batcher(done: list[Message]) -> tuple[list[tuple[Any, list[tuple]]], lis
     """A processor's output to its batchers: per batch key, the event rows as the batcher
     receives them (their data still encoded), and the messages that fail because the
     codec cannot carry them, with the processor's reason."""
+    from offbroadway.stages.roles.processor import ONWARD
     from offbroadway.stages.wire import events as ev
     from offbroadway.stages.wire import protocol
-
-    from offbroadway.stages.roles.processor import ONWARD
     from offbroadway.stages.wire.values import split_unsendable
 
     kept, bad = split_unsendable(done, ONWARD)
@@ -198,8 +197,8 @@ def _batches(batcher: str, runs: list[tuple[Any, list[tuple]]], size: int,
     """The batcher's cut (its own accumulator; everything arrives at once and the rest is
     flushed), each batch through a BATCH frame to the batch processor."""
     from offbroadway.stages.flow.batching import BatchAccumulator
-    from offbroadway.stages.wire.events import row_bytes
     from offbroadway.stages.wire import protocol
+    from offbroadway.stages.wire.events import row_bytes
 
     acc: BatchAccumulator = BatchAccumulator(size, 1.0, row_bytes if in_bytes else None)
     cut = []

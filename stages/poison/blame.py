@@ -45,7 +45,6 @@ import struct
 from collections.abc import Sequence
 from typing import Protocol
 
-
 from ..wire import protocol
 from ..wire.commands import Blame, Suspect
 

@@ -42,8 +42,8 @@ import zmq
 
 from ..flow.demand import ASK, Action, DemandBudget
 from ..flow.window import PacedWindow
-from ..wire import protocol
 from ..wire import events as ev
+from ..wire import protocol
 
 #: seconds without events after which a budgeted consumer counts as idle
 IDLE_AFTER = 0.02

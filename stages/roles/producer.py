@@ -174,15 +174,15 @@ class ProducerStage(Stage):
         token_of, origin_of = protocol.event_token, protocol.event_origin
         waiting = set(map(token_of, self.buffer))
         back = []
-        for ev in events:
-            token = token_of(ev)
+        for row in events:
+            token = token_of(row)
             try:
-                ours = origin_of(ev) == index and token in inflight and token not in waiting
+                ours = origin_of(row) == index and token in inflight and token not in waiting
             except TypeError:           # an unhashable token off the wire
                 ours = False
             if ours:
                 waiting.add(token)
-                back.append(ev)
+                back.append(row)
         # stale: given back after a requeue already handed them to the source again
         self.counters["returned"] += len(back)
         # ``out`` counts events that left and stayed out: these will be sent (and counted)
@@ -285,8 +285,8 @@ class ProducerStage(Stage):
         # suspects to run go in frames of their own, so that if one kills its processor
         # again the blame names it alone (none while quarantined)
         events, alone, kept = self.poison.on_dispatch(events, self._failed)
-        for ev in alone:
-            left, sent = self.downstream.deliver_frames([ev], self._frames)
+        for row in alone:
+            left, sent = self.downstream.deliver_frames([row], self._frames)
             self.counters["out"] += sent
             kept.extend(left)
         leftovers, sent = self.downstream.deliver_frames(events, self._frames)

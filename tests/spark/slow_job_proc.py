@@ -15,10 +15,9 @@ import os
 import sys
 import threading
 
+from offbroadway.stages.spark import spark_remote
 from pyspark.sql.connect.client import DefaultChannelBuilder
 from pyspark.sql.connect.session import SparkSession
-
-from offbroadway.stages.spark import spark_remote
 
 
 def main() -> int:

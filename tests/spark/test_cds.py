@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 from offbroadway.daemon.spark_server import SUBMIT_CLASS, Cds, cds_folder, without_conf_dir
+
 from tests.conftest import wait_until
 from tests.spark.conftest import start_server
 

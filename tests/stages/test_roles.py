@@ -15,9 +15,9 @@ from offbroadway.stages.roles.producer import ProducerStage
 from offbroadway.stages.runtime.spec import StageSpec
 from offbroadway.stages.sources.base import FailedItem
 from offbroadway.stages.wire import commands, protocol
+from offbroadway.stages.wire.events import encode_rows
 
 from tests.stages import role_handlers
-from offbroadway.stages.wire.events import encode_rows
 from tests.stages.fakes import FakeIO
 
 P = protocol
