@@ -142,6 +142,9 @@ def test_failures_are_retried_then_dead_lettered_exactly_once(jet: Any, sources:
         assert m.headers[f"{DEAD_LETTER_HEADER}-Subject"] == f"{stream}.in"
     stats = src.stats()
     assert (stats["dead_lettered"], stats["terminated"], stats["naked"]) == (5, 5, 10)
+    # messages, not deliveries: 5 failed (each three times: 15 failed deliveries, 10 nak'ed)
+    assert (stats["failed"], stats["failures"], stats["failing"]) == (5, 15, 0)
+    assert (stats["rejected"], stats["failure_requeued"]) == (5, 10)
 
 
 def test_without_a_dead_letter_subject_the_last_failure_terms(jet: Any, sources: Any) -> None:

@@ -48,6 +48,11 @@ def test_nats_pipeline_acks_everything_and_dead_letters_exactly_the_failed(
     assert (info.num_pending, info.num_ack_pending) == (0, 0)
     dead = [m.headers["Nats-Msg-Id"] for m in jet.messages(f"{stream}-dead")]
     assert sorted(dead) == sorted(expected_failed)
+    # the summary counts messages, once each: every failing message failed twice
+    # (max_deliver 2: nak'ed once, then dead-lettered), and the deliveries are named apart
+    summary = [line for line in proc.stdout.splitlines() if "messages acked" in line]
+    assert summary == [f"e2e: {N - 100} messages acked, 100 failed; 200 deliveries failed, "
+                       f"100 of them requeued for another try"], proc.stdout[-2000:]
 
 
 def test_two_daemons_on_one_durable_share_the_work_without_doubles(short_tmp: Path,

@@ -39,6 +39,8 @@ from typing import Any
 import nats
 import nats.errors
 import nats.js.errors
+from nats.aio.msg import Msg
+from nats.errors import NotJSMessageError
 from nats.js import api
 
 from ...runtime.redact import mask_url
@@ -94,7 +96,13 @@ class JetStreamPuller:
         self._next_refresh = 0.0
         self._thread: threading.Thread | None = None
         # counters
-        self.deliveries = self.redelivered = self.acked = self.failed = self.naked = 0
+        self.deliveries = self.redelivered = self.acked = self.naked = 0
+        #: failed deliveries (a message nak'ed after failing can fail again), and the books
+        #: that count messages instead: stream sequence -> failures in this run, of the
+        #: messages nak'ed after failing and neither acked nor terminated since
+        #: (``terminated`` counts those failed for good)
+        self.failures = 0
+        self.failing: dict[int, int] = {}
         self.requeued = self.terminated = self.dead_lettered = self.dead_letter_errors = 0
         self.returned = self.stale = self.reconnects = self.progress_sent = 0
         self.oversized = self.pull_errors = 0
@@ -321,7 +329,7 @@ class JetStreamPuller:
 
     async def _run_one(self, op: str, arg: Any) -> None:
         if op == "ack":
-            await self._settle_each(arg, lambda h: _ACK, "acked")
+            await self._settle_each(arg, lambda h: _ACK, "acked", forget=self.failing)
         elif op == "requeue":
             await self._settle_each(arg, lambda h: _NAK, "requeued")
         elif op == "fail":
@@ -334,7 +342,9 @@ class JetStreamPuller:
             pass      # the pull loop reads ``paused``
 
     async def _settle_each(self, handles: list[NatsHandle], payload: Callable[[Any], bytes],
-                           counter: str) -> None:
+                           counter: str, forget: dict[int, int] | None = None) -> None:
+        """Send ``payload`` for each handle still owed; ``forget``: the failure books, of
+        which a message settled so leaves (it failed before, and now it went through)."""
         done = 0
         for i, h in enumerate(handles):
             if h.reply not in self.owed:
@@ -347,6 +357,8 @@ class JetStreamPuller:
                 self.last_error = _describe(exc)
                 raise _Unsent(handles[i:]) from exc
             del self.owed[h.reply]
+            if forget:
+                forget.pop(h.stream_seq, None)
             done += 1
         self._add(counter, done)
 
@@ -365,18 +377,25 @@ class JetStreamPuller:
                 if h.delivered < s.max_deliver:
                     await self._nc.publish(h.reply, nak)
                     self.naked += 1
+                    again = True
                 else:
                     if s.dead_letter_subject and not await self._dead_letter(h, reason):
                         await self._nc.publish(h.reply, nak)   # kept: try again later
                         self.naked += 1
+                        again = True
                     else:
                         await self._nc.publish(h.reply, _TERM)
                         self.terminated += 1
+                        again = False
             except Exception as exc:
                 self.last_error = _describe(exc)
                 raise _Unsent(failures[i:]) from exc
             del self.owed[h.reply]
-            self.failed += 1
+            self.failures += 1
+            if again:
+                self.failing[h.stream_seq] = self.failing.get(h.stream_seq, 0) + 1
+            else:
+                self.failing.pop(h.stream_seq, None)
 
     async def _dead_letter(self, h: NatsHandle, reason: str) -> bool:
         """Store a copy on the dead-letter subject (a stream must capture it); False if the
@@ -435,6 +454,20 @@ class JetStreamPuller:
                  and self.deliveries == seen and not self.commands)
         self._zero_probes = self._zero_probes + 1 if empty else 0
         self.empty_confirmed = self._zero_probes >= 2
+        if self.empty_confirmed and self.failing:
+            self._forget_settled_elsewhere()
+
+    def _forget_settled_elsewhere(self) -> None:
+        """The server holds nothing ack-pending but what this source owes, so a message this
+        source nak'ed after failing and does not owe now was settled since by another
+        consumer of the durable: acked there, or failed for good and counted in that
+        consumer's books.  It leaves these books: a message counts as failed once, in the
+        books of whoever ended it."""
+        try:
+            owed = {Msg.Metadata._from_reply(reply).sequence.stream for reply in self.owed}
+        except (NotJSMessageError, ValueError, IndexError):
+            return      # a reply we cannot read: keep the books as they are
+        self.failing = {seq: n for seq, n in self.failing.items() if seq in owed}
 
     # -- connection events ---------------------------------------------------------------------
     async def _on_error(self, exc: Exception) -> None:

@@ -57,6 +57,14 @@ class NatsSettings:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     decode: str = "none"
 
+    def failing_in(self) -> str:
+        """Where the messages that failed and were nak'ed stay, for the last line of
+        ``--until-idle`` ("N message(s) stay in ...")."""
+        then = (f"dead-lettered to {self.dead_letter_subject!r}" if self.dead_letter_subject
+                else "terminated")
+        return (f"stream {self.stream!r}: each failed in this run and was nak'ed for another "
+                f"delivery (after max_deliver = {self.max_deliver} deliveries it is {then})")
+
 
 def _token(key: str, value: str) -> str:
     """Stream and consumer names are single subject tokens in JetStream's API subjects."""

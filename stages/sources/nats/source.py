@@ -190,7 +190,12 @@ class NatsSource(Source):
         out.update(
             state=io.state, last_error=io.last_error, unacked=len(io.owed),
             deliveries=io.deliveries, redelivered=io.redelivered, acked=io.acked,
-            failed=io.failed, naked=io.naked, terminated=io.terminated,
+            # messages, not deliveries: those failed for good (terminated, after a dead
+            # letter if one is set) and those nak'ed after failing (``failing``);
+            # ``failures`` counts the failed deliveries, ``naked`` the naks among them
+            failed=io.terminated + len(io.failing), failures=io.failures,
+            rejected=io.terminated, failure_requeued=io.naked, failing=len(io.failing),
+            failing_in=s.failing_in(), naked=io.naked, terminated=io.terminated,
             dead_lettered=io.dead_lettered, dead_letter_errors=io.dead_letter_errors,
             requeued=io.requeued, returned=io.returned, stale=io.stale,
             reconnects=io.reconnects, progress_sent=io.progress_sent,
