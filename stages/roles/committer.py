@@ -40,13 +40,13 @@ import pyarrow as pa
 import zmq
 
 from ..runtime.spec import CommitterSpark, StageSpec
-from ..runtime.stage import Stage, StageExit
+from ..runtime.stage import Stage, StageExit, ZmqIO
 from ..spark.spark_commit import Handed
 from ..spark.spark_failures import WriteAbandoned
 from ..spark.spark_once import Journal
 from ..spark.spark_staging import StagingDir, default_root
 from ..wire import commands, protocol
-from .committer_jobs import CommitterJobs, Job
+from .committer_jobs import CommitterJobs, Job, SparkPort
 
 log = logging.getLogger("offbroadway.committer")
 
@@ -56,8 +56,14 @@ PROBE_AFTER = 2.0
 
 
 class CommitterStage(Stage):
-    def __init__(self, spec: StageSpec) -> None:
-        super().__init__(spec)
+    """``io``: its sockets (:class:`ZmqIO`); ``sink``: its Spark side (:class:`SparkPort`),
+    else the :class:`~offbroadway.stages.spark.spark_sink.SparkSink` its settings describe,
+    made in :meth:`setup`.  A unit test gives fakes of both."""
+
+    def __init__(self, spec: StageSpec, io: ZmqIO | None = None,
+                 sink: SparkPort | None = None) -> None:
+        super().__init__(spec, io)
+        self._given_sink = sink
         settings = spec.spark
         if not isinstance(settings, CommitterSpark):
             raise TypeError(f"a committer's spec carries its CommitterSpark, not {settings!r}")
@@ -92,16 +98,21 @@ class CommitterStage(Stage):
 
     # -- wiring --------------------------------------------------------------------------
     def setup(self) -> None:
-        from ..spark.spark_sink import SparkSink  # pyspark only in this stage
+        session = self.jobs.new_session()
+        if self._given_sink is not None:
+            self.jobs.sink = self._given_sink
+        else:
+            from ..spark.spark_sink import SparkSink  # pyspark only in this stage
 
-        s = self.sink_settings
-        self.jobs.sink = SparkSink(
-            remote=s.remote, output=s.output, format=s.format, partition_by=s.partition_by,
-            schema=s.schema, token_env=s.token_env, token_file=s.token_file,
-            write_retry_seconds=s.write_retry_seconds, write_timeout=s.write_timeout,
-            staging=s.staging, table=s.table, evolve=s.evolve, use_ssl=s.use_ssl,
-            ca_file=s.ca_file, connect_timeout=s.connect_timeout, writer_id=self.id,
-            should_stop=lambda: not self.running, session_id=self.jobs.new_session())
+            s = self.sink_settings
+            self.jobs.sink = SparkSink(
+                remote=s.remote, output=s.output, format=s.format,
+                partition_by=s.partition_by, schema=s.schema, token_env=s.token_env,
+                token_file=s.token_file, write_retry_seconds=s.write_retry_seconds,
+                write_timeout=s.write_timeout, staging=s.staging, table=s.table,
+                evolve=s.evolve, use_ssl=s.use_ssl, ca_file=s.ca_file,
+                connect_timeout=s.connect_timeout, writer_id=self.id,
+                should_stop=lambda: not self.running, session_id=session)
         self.jobs.staging = staging = StagingDir(self.staging_root)
         # every batch processor of this batcher restarts after us (rest_for_one): what
         # is staged now belongs to incarnations that are gone (and a Spark job still

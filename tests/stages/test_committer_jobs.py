@@ -214,3 +214,50 @@ def test_without_exactly_once_nothing_is_journaled_nor_kept(tmp_path: Path, once
     assert answers == [(1, None)]
     assert bool(jobs.recent.names()) is once
     assert (jobs.journal is not None and bool(jobs.journal.last())) is once
+
+
+def test_the_stage_answers_hello_and_a_flushed_batch_through_its_sockets(
+        tmp_path: Path) -> None:
+    """The whole committer stage, its sockets fake (:class:`FakeIO`) and Spark too: the
+    helper thread runs each job, the done pipe hands it back to the loop."""
+    from offbroadway.stages.roles.committer import CommitterStage
+    from offbroadway.stages.runtime.spec import StageSpec
+    from offbroadway.stages.wire import protocol as P
+
+    from tests.stages.fakes import FakeIO
+
+    def job_done(stage: CommitterStage) -> None:
+        assert stage._thread is not None
+        stage._thread.join(timeout=30)
+        stage._on_job_done()
+
+    spark = FakeSpark()
+    spec = StageSpec("committer_default", "committer", "t", str(tmp_path), batcher="default",
+                     state_dir=str(tmp_path / "state"),
+                     spark=CommitterSpark(sink=SinkSettings(output=str(tmp_path / "out"))))
+    io = FakeIO()
+    stage = CommitterStage(spec, io, sink=spark)
+    stage.setup()
+    router = io.router_sock
+    assert router is not None
+    router.push(BP, P.hello())
+    stage._on_frames(router)
+    assert router.take() == []                 # the schema job still runs: hello waits
+    job_done(stage)
+    (peer, answer), = router.take()
+    assert peer == BP and answer[P.KIND_AT] == P.SCHEMA and answer[P.SCHEMA_IPC] is None
+    staging = StagingDir(answer[P.SCHEMA_STAGING])
+    table, _ = spark_rows.to_table(DATA, ["a", "b"], [{"seq": 1}, {"seq": 2}])
+    assert table is not None
+    staging.write(table, f"{BP.decode()}-5.parquet")
+    router.push(BP, P.commit(5, "flush", 2, f"{BP.decode()}-5.parquet",
+                             spark_rows.schema_to_ipc(table.schema)))
+    stage._on_frames(router)                   # flushed: a job starts at once
+    assert stage.stats()["committing"] == 2
+    job_done(stage)
+    (peer, answer), = router.take()
+    assert peer == BP and answer[P.KIND_AT] == P.RESULT
+    assert (answer[P.RESULT_REF], answer[P.RESULT_ERROR]) == (5, None)
+    assert sorted(s for _, s, _ in spark.rows) == [1, 2]
+    assert stage.counters["commits"] == 1 and stage.stats()["last_commit"]["rows"] == 2
+    stage.teardown()
