@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from offbroadway.stages.runtime.spec import PROCESSOR_KEY
+from offbroadway.stages.spark.spark_commit import DEFAULT_INTERVAL, DEFAULT_ROWS
 
 from . import names
 from .config_table import ConfigError, parse_size  # noqa: F401  (re-exported for callers of config)
@@ -38,13 +39,13 @@ SOURCES = ("generator", "spool", "rabbitmq", "redis", "nats")
 DISPATCHERS = ("spread", "demand")
 SPARK_FORMATS = ("parquet", "json", "orc")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-#: Group commit defaults (kept in step with stages/spark/spark_commit.py, which the daemon
-#: does not import: it pulls in pyarrow).  Measured end to end (docs/benchmarks.md, "Larger
+#: Group commit defaults: the committer's own (stages/spark/spark_commit.py, pure, no
+#: pyarrow), named here for the config.  Measured end to end (docs/benchmarks.md, "Larger
 #: commits"): jobs of 200,000 rows or 4 s cut the JVM's CPU per row from 19.7 to 7.5 us and
 #: took the README's job from 0.55 to 0.89 of the plain loop; a lone message still lands
 #: within batch_timeout + commit_interval (+ one job) of its arrival.
-SPARK_COMMIT_ROWS = 200_000
-SPARK_COMMIT_INTERVAL = 4.0
+SPARK_COMMIT_ROWS = DEFAULT_ROWS
+SPARK_COMMIT_INTERVAL = DEFAULT_INTERVAL
 
 
 #: crashes blamed on one message before it is failed as poison (0: never)

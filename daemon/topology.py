@@ -35,6 +35,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
+import msgspec
 from offbroadway.daemon.config import BatcherConfig, Config, batch_demand
 from offbroadway.daemon.names import (
     BATCH_PROCESSOR,
@@ -49,7 +50,13 @@ from offbroadway.daemon.names import (
     producer_ids,
 )
 from offbroadway.stages.runtime.logs import FORMAT_ENV, LEVEL_ENV
-from offbroadway.stages.runtime.spec import PROCESSOR_KEY, STAGE_ENV, StageSpec
+from offbroadway.stages.runtime.spec import (
+    PROCESSOR_KEY,
+    STAGE_ENV,
+    CommitterSpark,
+    HandoffSpark,
+    StageSpec,
+)
 from offbroadway.stages.sources import sized_options, window_max, window_option
 from offbroadway.supervision.child import GUARD_SIGNAL
 from offbroadway.supervision.spec import (
@@ -278,8 +285,10 @@ def build(config: Config, *, stage_env: Callable[[str], dict[str, str]] | None =
     ``stage_env(stage_id)`` adds environment for every stage (metrics dir, log settings);
     ``spark_child`` is the local Spark server's worker spec (None: no local server);
     ``committer_env()`` is evaluated at each committer start (the Spark token of the
-    current server incarnation); ``spark_settings`` (None: no Spark sink) is handed to the
-    committers' Spark sink.  ``sized=False`` leaves the source's options as configured
+    current server incarnation); ``spark_settings`` (None: no Spark sink), the daemon's
+    flat settings (:func:`.spark.sink_settings`), become the committers' typed
+    :class:`CommitterSpark` here, once, and their batch processors' :class:`HandoffSpark`.
+    ``sized=False`` leaves the source's options as configured
     (validation: only the tree's shape is wanted, and sizing imports the source).
     """
     p = config.pipeline
@@ -310,9 +319,11 @@ def build(config: Config, *, stage_env: Callable[[str], dict[str, str]] | None =
 
     batcher_keys = tuple(config.batchers)
     topo.window = auto_window(config)
-    if spark_settings is not None and topo.window.commit_rows is not None:
+    spark = CommitterSpark.from_settings(spark_settings) if spark_settings is not None \
+        else None
+    if spark is not None and topo.window.commit_rows is not None:
         # the group size the window can feed (the committers and their batch processors')
-        spark_settings = {**spark_settings, "commit_rows": topo.window.commit_rows}
+        spark = msgspec.structs.replace(spark, commit_rows=topo.window.commit_rows)
     source_options = dict(config.producer.options)
     if sized:
         source_options = sized_options(config.producer.source, source_options,
@@ -349,18 +360,18 @@ def build(config: Config, *, stage_env: Callable[[str], dict[str, str]] | None =
         committer = None
         bp_spark = None
         cid = ""
-        bp_demand = batch_processor_demand(
-            b, spark_settings["commit_rows"] if spark_settings is not None else None)
-        if spark_settings is not None:
+        bp_demand = batch_processor_demand(b, spark.commit_rows if spark is not None else None)
+        if spark is not None:
             cid = committer_id(key)
             topo.committers.append(cid)
-            bp_spark = {"partition_by": list(spark_settings.get("partition_by") or []),
-                        "evolve": bool(spark_settings.get("evolve"))}
+            bp_spark = HandoffSpark(partition_by=spark.sink.partition_by,
+                                    evolve=spark.sink.evolve)
             # waits for its running job at shutdown (bounded by write_timeout); it keeps
             # the files of as many committed batches per batch processor as one may hold
             # unacked (its demand), whose ids are in doubt if it restarts
             committer = worker(StageSpec(id=cid, role=COMMITTER, batcher=key,
-                                         spark={**spark_settings, "peer_batches": bp_demand},
+                                         spark=msgspec.structs.replace(
+                                             spark, peer_batches=bp_demand),
                                          **base),
                                heartbeat=b.heartbeat_timeout, env_fn=committer_env,
                                shutdown=max(10.0, p.shutdown_timeout))

@@ -29,7 +29,7 @@ from offbroadway import BatchInfo, Message
 
 from ..runtime import callbacks
 from ..runtime.handler import load_handler
-from ..runtime.spec import StageSpec
+from ..runtime.spec import HandoffSpark, StageSpec
 from ..runtime.stage import Stage, ZmqIO
 from ..wire import commands, protocol
 from .acker import Acker
@@ -152,9 +152,11 @@ class _SparkHandoff:
 
     def __init__(self, stage: BatchProcessorStage) -> None:
         self.stage = stage
-        self.partition_by = tuple((stage.spec.spark or {}).get("partition_by") or ())
+        spark = stage.spec.spark
+        assert isinstance(spark, HandoffSpark), spark
+        self.partition_by = spark.partition_by
         #: ``[spark] schema = "evolve"``: new fields widen the schema (spark_evolve)
-        self.evolve = bool((stage.spec.spark or {}).get("evolve"))
+        self.evolve = spark.evolve
         self.schema: Any = None              # pa.Schema of the data columns, once known
         self.schema_bytes: bytes | None = None
         self.schema_error: str | None = None

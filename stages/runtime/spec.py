@@ -3,19 +3,95 @@
 The daemon builds one :class:`StageSpec` per stage process and hands it over in the
 ``OFFBROADWAY_STAGE`` environment variable (JSON).  A stage never reads the config file:
 everything it needs is here, so stages know nothing of the daemon.
+
+A stage spec's Spark part depends on the role (:data:`SparkSpec`, a tagged union decoded
+once with the spec): a committer's is :class:`CommitterSpark` (its group commit, its
+journal and its sink's :class:`SinkSettings`), a batch processor's :class:`HandoffSpark`
+(what its conversion to rows needs).  Both cross the process boundary inside the spec, as
+JSON: plain values, never a token.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
+
+from ..spark.spark_commit import DEFAULT_INTERVAL, DEFAULT_ROWS
 
 STAGE_ENV = "OFFBROADWAY_STAGE"
 #: the one processor key (``[processors.default]``; Broadway allows only ``:default``): in
 #: the config, the processors' stage ids and the ``processor`` argument of handle_message
 PROCESSOR_KEY = "default"
+
+
+class SinkSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Where and how a committer's Spark sink writes: the keyword arguments of
+    :class:`~offbroadway.stages.spark.spark_sink.SparkSink` less the ones the committer
+    adds itself (its id, its callbacks, its session id).  Token-free: a remote's token is
+    named (``token_env``, ``token_file``), never carried.  Crosses the process boundary in
+    the committer's :class:`StageSpec`."""
+
+    output: str = ""
+    format: str = "parquet"
+    table: str | None = None
+    partition_by: tuple[str, ...] = ()
+    schema: str | None = None
+    evolve: bool = False
+    #: the staging area (None: the committer's default under its state dir)
+    staging: str | None = None
+    write_retry_seconds: float = 60.0
+    write_timeout: float = 600.0
+    connect_timeout: float = 2.0
+    remote: str | None = None
+    token_env: str | None = None
+    token_file: str | None = None
+    use_ssl: bool = False
+    ca_file: str | None = None
+
+
+class CommitterSpark(msgspec.Struct, tag="committer", frozen=True, kw_only=True):
+    """A committer's settings: its group commit, its exactly-once books and its sink.
+    Crosses the process boundary in the committer's :class:`StageSpec` (JSON)."""
+
+    sink: SinkSettings = SinkSettings()
+    commit_rows: int = DEFAULT_ROWS
+    commit_interval: float = DEFAULT_INTERVAL
+    #: ``[spark] exactly_once = false``: no journal of commit stamps, no ids in doubt
+    exactly_once: bool = True
+    #: the folder of the committers' journals (None: ``<state dir>/spark-commits``)
+    journal: str | None = None
+    #: the most batches one batch processor may hold unacked (its demand): the files of
+    #: that many committed batches are kept per batch processor
+    peer_batches: int = 0
+
+    #: the keys of the daemon's flat settings that are the committer's, not the sink's
+    OWN = ("commit_rows", "commit_interval", "exactly_once", "journal", "peer_batches")
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> CommitterSpark:
+        """The record of the daemon's flat, JSON-able settings (``daemon/spark.py``'s
+        ``sink_settings``): the committer's keys, the rest the sink's.  A key given as
+        None takes its default."""
+        own = {k: settings[k] for k in cls.OWN if settings.get(k) is not None}
+        sink = {k: v for k, v in settings.items() if k not in cls.OWN}
+        return msgspec.convert({**own, "sink": sink}, cls)
+
+
+class HandoffSpark(msgspec.Struct, tag="batch_processor", frozen=True, kw_only=True):
+    """A batch processor's Spark settings: what converting its batches to rows needs.
+    Crosses the process boundary in the batch processor's :class:`StageSpec` (JSON)."""
+
+    partition_by: tuple[str, ...] = ()
+    #: ``[spark] schema = "evolve"``: new fields widen the schema (spark_evolve)
+    evolve: bool = False
+
+
+#: a stage spec's Spark part, by role (None: no Spark)
+SparkSpec = CommitterSpark | HandoffSpark
 
 
 @dataclass(frozen=True)
@@ -52,9 +128,9 @@ class StageSpec:
     batch_size: int = 100
     batch_bytes: bool = False
     batch_timeout: float = 1.0
-    # committer: the Spark sink settings; batch processor: {"partition_by": [...]} when
-    # its batches go to Spark, or None (handle_batch is the sink)
-    spark: dict | None = None
+    # committer: its CommitterSpark; batch processor: its HandoffSpark when its batches go
+    # to Spark, or None (handle_batch is the sink)
+    spark: CommitterSpark | HandoffSpark | None = None
     # batch processor: the stage id of its batcher's committer (Spark only)
     committer: str = ""
     # processor: seconds one callback call may run before it fails its message (None: no
@@ -62,14 +138,12 @@ class StageSpec:
     message_timeout: float | None = None
 
     def to_env(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        return msgspec.json.encode(self).decode()
 
     @classmethod
     def from_env(cls, environ: os._Environ | dict | None = None) -> StageSpec:
-        raw: dict[str, Any] = json.loads((environ or os.environ)[STAGE_ENV])
-        for key in ("upstream", "producers", "batchers"):
-            raw[key] = tuple(raw.get(key, ()))
-        return cls(**raw)
+        """The spec as the daemon encoded it, decoded once, Spark part included."""
+        return msgspec.json.decode((environ or os.environ)[STAGE_ENV], type=cls)
 
     def socket_path(self, stage_id: str | None = None) -> str:
         return endpoint(self.runtime_dir, stage_id or self.id)

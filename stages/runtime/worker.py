@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 
+import msgspec
 from offbroadway.supervision.child import guard_descendants, kill_descendants
 
 from ..sources.base import EXIT_SOURCE_REFUSED, SourceError
@@ -49,7 +50,7 @@ def main() -> int:
                    os.environ.get(logs.FORMAT_ENV, "text"), spec.id)
     # the source's secrets never reach a log line, whoever quotes them
     install_filter(value_secrets({"options": spec.source_options, "context": spec.context,
-                                  "spark": spec.spark}))
+                                  "spark": msgspec.to_builtins(spec.spark)}))
     stage = _role(spec.role)(spec)
     # a long callback is not a hung process: this thread beats while one runs
     Liveness(spec.id, spec.message_timeout).start()

@@ -129,27 +129,25 @@ class Journal:
         """The sessions ``settled`` are over on the server: forgotten (so the file holds
         the running incarnation's, plus those of incarnations that died before settling)."""
         gone = set(settled)
-        keep = [s for s in self.sessions() if s not in gone]
-        tmp = self._sessions_path.with_suffix(".tmp")
-        tmp.write_text("".join(f"{s}\n" for s in keep))
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self._sessions_path)
+        _replace(self._sessions_path, [s for s in self.sessions() if s not in gone])
 
     def _compact(self) -> None:
         keep = [s.isoformat() for s in self.last(KEEP)]
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(f"{s}\n" for s in keep))
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
+        _replace(self.path, keep)
         self._lines = len(keep)
+
+
+def _replace(path: Path, lines: list[str]) -> None:
+    """``path`` holds ``lines`` and nothing else, durably and whole: written beside it,
+    fsync'd, then renamed over it (a crash leaves the old file or the new, never half)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(f"{line}\n" for line in lines))
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
 
 
 class Doubt:

@@ -20,11 +20,11 @@ import pytest
 from offbroadway.supervision.tree import snapshot_nodes
 
 from tests.brokers.test_spark_no_window import backlog_config, publish
-from tests.brokers.test_spark_once_brokers import assert_each_id_once
 from tests.conftest import REPO, offbroadway_cmd, wait_until
 from tests.spark.conftest import start_server
+from tests.spark.dataset import assert_each_id_once, rows
 from tests.spark.netns import Link, link
-from tests.spark.test_pipeline_spark import TOKEN_ENV, daemon_env, rows, status
+from tests.spark.test_pipeline_spark import TOKEN_ENV, daemon_env, status
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 

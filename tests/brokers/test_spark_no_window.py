@@ -25,9 +25,10 @@ from pathlib import Path
 import pytest
 
 from tests.brokers.conftest import AMQP_URL
-from tests.brokers.test_spark_once_brokers import assert_each_id_once, start
+from tests.brokers.test_spark_once_brokers import start
 from tests.conftest import wait_until
 from tests.e2e.test_pipeline import make_config, stage_pids
+from tests.spark.dataset import assert_each_id_once
 from tests.spark.test_pipeline_spark import (
     TOKEN_ENV,
     kill_the_process_group,

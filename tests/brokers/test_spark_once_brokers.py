@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from tests.brokers.conftest import AMQP_URL, REDIS_URL, unique
 from tests.brokers.natsutil import NATS_URL
 from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
 from tests.e2e.test_pipeline import make_config, stage_pids
+from tests.spark.dataset import assert_each_id_once
 from tests.spark.test_pipeline_spark import (
     JVM,
     TOKEN_ENV,
@@ -140,18 +140,6 @@ def in_a_commit(tmp: Path) -> dict[str, int]:
     wait_until(lambda: committing(sock, "committer_default"), timeout=400, interval=0.1,
                message="the committer in a Spark job")
     return stage_pids(sock)
-
-
-def assert_each_id_once(tmp: Path, ids: set[str], log: str) -> None:
-    """Every published id in the dataset, once: counted by ``message_id``."""
-    found = Counter(r["message_id"] for r in rows(tmp / "dataset", "default"))
-    lost = ids - set(found)
-    twice = {k: v for k, v in found.items() if v > 1}
-    stray = set(found) - ids
-    assert not (lost or twice or stray), (
-        f"{len(lost)} lost (e.g. {sorted(lost)[:5]}), {len(twice)} written more than once "
-        f"({sum(twice.values()) - len(twice)} duplicate rows, e.g. {sorted(twice)[:5]}), "
-        f"{len(stray)} not published\n{log[-5000:]}")
 
 
 def kill_a_stage(tmp: Path, server, pipeline: Pipeline, stage: str) -> None:

@@ -166,7 +166,7 @@ def test_auto_prefetch_with_spark_fits_amqp_and_keeps_two_groups_in_flight() -> 
     tree_holds = 2 * 1000 + 2000 * (1 + bp.max_demand)     # processors + batcher
     assert auto == tree_holds <= 65535                     # what the tree holds, sayable
     assert parse_options(producer.source_options).prefetch_count == auto   # not clipped
-    rows = topo.specs["committer_spark"].spark["commit_rows"]
+    rows = topo.specs["committer_spark"].spark.commit_rows
     assert 0 < rows < 200_000
     assert bp.max_demand * 2000 >= 2 * rows                # two groups in flight fit
 
@@ -202,7 +202,7 @@ def test_auto_prefetch_is_left_whole_where_it_fits_or_is_explicit() -> None:
     fixed = validate(_rabbit_spark(prefetch_count=5000)).config
     assert auto_window(fixed).commit_rows == 200_000
     topo = build(fixed, spark_settings=_spark_settings(fixed))
-    assert topo.specs["committer_spark"].spark["commit_rows"] == 200_000
+    assert topo.specs["committer_spark"].spark.commit_rows == 200_000
 
 
 def test_rate_limit_is_validated() -> None:

@@ -21,11 +21,10 @@ import pytest
 
 from tests.conftest import REPO, offbroadway_cmd, wait_until
 from tests.e2e.test_pipeline import make_config, write_spool
+from tests.spark.dataset import assert_each_message_exactly_once, rows
 from tests.spark.test_pipeline_spark import (
     TOKEN_ENV,
-    assert_each_message_exactly_once,
     daemon_env,
-    rows,
     spark_section,
     stage_stats,
     status,

@@ -27,6 +27,7 @@ from offbroadway.supervision.tree import snapshot_find, snapshot_nodes
 from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
 from tests.e2e.handlers import read_records
 from tests.e2e.test_pipeline import make_config, stage_pids, write_spool
+from tests.spark.dataset import assert_each_message_exactly_once, rows
 
 pytestmark = pytest.mark.spark
 TOKEN_ENV = "OB_TEST_SPARK_TOKEN"
@@ -40,20 +41,6 @@ def spark_section(output: Path, **extra) -> str:
 
 def daemon_env(server) -> dict[str, str]:
     return {**test_env(), TOKEN_ENV: server.token}
-
-
-def rows(output: Path, batcher: str) -> list[dict]:
-    """What Spark committed.  While a writer runs, its ``_temporary`` dirs come and go
-    under the listing: read again rather than fail (the final read has no writer)."""
-    path = output / batcher
-    for _ in range(20):
-        if not path.exists():
-            return []
-        try:
-            return pq.read_table(path).to_pylist()
-        except FileNotFoundError:
-            continue
-    raise AssertionError(f"could not list {path} while it was being written")
 
 
 def status(control_socket: Path) -> dict:
@@ -75,17 +62,6 @@ def committing(control_socket: Path, committer: str) -> bool:
     """The committer reported a Spark job running, after at least one committed."""
     s = stage_stats(status(control_socket)).get(committer, {})
     return s.get("committing", 0) > 0 and s.get("commits", 0) > 0
-
-
-def assert_each_message_exactly_once(found: list[dict], n: int) -> None:
-    """Every line is there, once: n rows, n distinct lines, n distinct message ids."""
-    ids: dict[int, set[str]] = {}
-    for r in found:
-        ids.setdefault(r["seq"], set()).add(r["message_id"])
-    assert len(ids) == n, f"{n - len(ids)} lines missing"
-    assert all(len(v) == 1 for v in ids.values())
-    assert len(found) == n, f"{len(found) - n} duplicate rows"
-    assert len({r["message_id"] for r in found}) == n
 
 
 def run(config: Path, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
