@@ -30,8 +30,8 @@ Redelivery          committers          the sources take back what was in flight
                                         copies of committed messages may come again
 ReleaseSuspects     producers           the processors are back: quarantined suspects
                                         may run
-Pause / Resume      producers           operator drain / resume
-Flush               batchers            operator drain: partial batches now
+Pause / Resume      producers           the operator's pause (``offbroadway drain``) / resume
+Flush               batchers            the operator's pause: partial batches now
 Batching            batchers            reload: new batch_size / batch_timeout
 LogLevel            every stage         reload: new runtime.log_level
 Leave               processors, batch   a resize removes it: cancel its subscriptions,

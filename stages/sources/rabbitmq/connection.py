@@ -392,7 +392,7 @@ class Consumer:
                     self.probe.delivered()
                     self.requeues_taken += 1
             elif op == "pause" and self._channel is not None and self.paused:
-                settle.release_cooling(all_=True)    # a drain or a pause: back to the queue
+                settle.release_cooling(all_=True)    # the stop's drain or the operator's pause
                 self._stop_consuming()
             elif op == "resume" and self._channel is not None and not self.paused:
                 self._start_consuming()
