@@ -341,7 +341,7 @@ class ProducerStage(Stage):
         for f in failed:
             if isinstance(f, (list, tuple)) and f:
                 try:
-                    statuses.pop(f[0], None)
+                    statuses.pop(f[protocol.FAILED_TOKEN], None)
                 except TypeError:
                     pass
 
