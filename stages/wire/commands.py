@@ -336,8 +336,10 @@ class Idle(Report):
 
 @dataclass(frozen=True)
 class Done(Report):
-    """Every upstream cancelled and everything this stage held is finished: its final
-    counters."""
+    """A finisher (a stage that acks and that nothing consumes: a processor without
+    batchers, a batch processor) has seen every upstream cancel and finished everything it
+    held: its final counters.  The drain's terminator waits for it; a stage with consumers
+    says nothing, its cancel to them carries the end on."""
 
     NAME: ClassVar[str] = "done"
     stats: dict = field(default_factory=dict)
