@@ -28,10 +28,10 @@ from offbroadway import BatchInfo, Message, Pipeline
 from offbroadway.stages.flow.inflight import InFlightTable
 from offbroadway.stages.poison import blame
 from offbroadway.stages.runtime import callbacks
-from offbroadway.stages.runtime.worker import GC_THRESHOLD
 from offbroadway.stages.sources.generator import GeneratorSource
 from offbroadway.stages.wire import events as ev
 from offbroadway.stages.wire import protocol
+from offbroadway.stages.worker import GC_THRESHOLD
 
 
 class Noop(Pipeline):

@@ -67,7 +67,7 @@ from offbroadway.supervision.spec import (
     WorkerSpec,
 )
 
-WORKER_ARGV = (sys.executable, "-m", "offbroadway.stages.runtime.worker")
+WORKER_ARGV = (sys.executable, "-m", "offbroadway.stages.worker")
 #: Broadway's intensity for the supervisors the config does not set (its supervisors are
 #: started with max_restarts 3 in max_seconds 5), said here: the supervision library
 #: defaults to OTP's 1 in 5 s

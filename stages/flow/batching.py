@@ -3,7 +3,8 @@
 Pure and synchronous (ARCHITECTURE §9) so Broadway's batching rules can be property-tested
 without processes: every item comes out exactly once, in its key's arrival order, in a
 batch no bigger than ``batch_size``; a partial batch waits at most ``batch_timeout`` from
-its first item; a drain flushes everything at once.  The stage owns the clock and the
+its first item; a flush (the end of the stream in the drain, or the operator's pause)
+emits everything at once.  The stage owns the clock and the
 timer: it passes ``now`` in and arms a timer for :meth:`BatchAccumulator.next_deadline`.
 
 Two ways to measure a batch: a count of items (Broadway's ``batch_size``), or, with
@@ -232,7 +233,8 @@ class BatchAccumulator(Generic[K, V]):
         return self._take(due, "timeout")
 
     def flush(self) -> list[Batch[K, V]]:
-        """Emit every partial batch now (the drain: nothing waits for its timeout)."""
+        """Emit every partial batch now (the end of the stream in the drain, or the
+        operator's pause: nothing waits for its timeout)."""
         return self._take(list(self._partial), "flush")
 
     def _take(self, keys: list[K], trigger: str) -> list[Batch[K, V]]:

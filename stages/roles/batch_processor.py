@@ -5,8 +5,8 @@ its batch is written (or, with no Spark sink, after ``handle_batch`` returned it
 the point where "nothing lost" is decided.  A message that ``handle_batch`` leaves out of
 its result is failed ("not returned by handle_batch"), never dropped silently.  When the
 batcher cancels (the drain), the stage reports ``done`` to the daemon once every batch it
-holds is finished; when a resize removes it, it cancels its subscription itself and
-reports ``left`` the same way.
+holds is written and acked; when a resize removes it, it cancels its subscription itself
+and reports ``left`` the same way (:mod:`.consumer_stage`).
 
 With Spark, a batch's rows become one Arrow table here (:mod:`.spark_rows`: a message
 that does not fit the schema fails alone, now), written as a Parquet file into the
@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -30,15 +31,18 @@ from offbroadway import BatchInfo, Message
 from ..runtime import callbacks
 from ..runtime.handler import load_handler
 from ..runtime.spec import HandoffSpark, StageSpec
-from ..runtime.stage import Stage, ZmqIO
+from ..runtime.stage import ZmqIO
 from ..wire import commands, protocol
 from .acker import Acker
-from .consumer import Subscriptions
+from .consumer import Subscriptions, Upstream
+from .consumer_stage import ConsumerStage
 
 log = logging.getLogger("offbroadway.batch_processor")
 
 
-class BatchProcessorStage(Stage):
+class BatchProcessorStage(ConsumerStage):
+    #: restarted with its batcher (``rest_for_one``), never resubscribed; resizes remove it
+    CASCADE = (commands.Leave,)
     #: A batch frame is a whole ``handle_batch`` (and, with Spark, an Arrow conversion):
     #: a burst of 100 would keep the loop from the committer's answers, the acks and the
     #: heartbeat for 100 user calls.  10 batches are still hundreds of messages per wake-up.
@@ -55,7 +59,6 @@ class BatchProcessorStage(Stage):
                                   paced=True)
         self.spark = _SparkHandoff(self) if spec.spark is not None else None
         self.counters.update(batches=0)
-        self.accept(commands.Leave, self._on_leave)
 
     def setup(self) -> None:
         if self.spark is not None:
@@ -91,26 +94,15 @@ class BatchProcessorStage(Stage):
                              msg[protocol.BATCH_PACKED])
             elif msg[protocol.KIND_AT] == protocol.CANCEL:
                 self.subs.cancelled(up, msg[protocol.VALUE])
-                self._maybe_done()
+                self.maybe_finish()
 
-    def _maybe_done(self) -> None:
-        if self.subs.all_done and (self.spark is None or not self.spark.holding):
-            # final counts: the last tick may be older
-            self.report(commands.Left(self.stats()) if self.leaving else
-                        commands.Done(self.stats()))
+    def holding(self) -> bool:
+        """Batches handed to Spark whose commit has not answered (the consumer cascade,
+        :mod:`.consumer_stage`: a leaving or drained batch processor finishes once every
+        batch it was sent is written and acked)."""
+        return self.spark is not None and self.spark.holding
 
-    def _on_leave(self, _: commands.Leave) -> None:
-        """A resize removes this batch processor: cancel the subscription to the batcher
-        (it answers after the batches already sent), finish those (with Spark: until
-        committed), ack, then report ``left``; the daemon stops us as a planned stop."""
-        if self.leaving:
-            return
-        log.info("%s: leaving the pipeline (resize): finishing the batches it holds", self.id)
-        self.leaving = True
-        self.subs.leave()
-        self._maybe_done()
-
-    def _handle(self, up: Any, batch_key: Any, trigger: str, packed: bytes) -> None:
+    def _handle(self, up: Upstream, batch_key: Any, trigger: str, packed: bytes) -> None:
         try:
             events = protocol.open_events(packed)
         except protocol.ProtocolError as exc:
@@ -131,11 +123,11 @@ class BatchProcessorStage(Stage):
         self.metrics.observe("handle_batch", took, batcher)
         self.metrics.observe("batch_size", len(messages), batcher)
         if self.spark is not None and rows:
-            self.spark.hand_off(up, trigger, messages, rows)   # finished on the answer
+            self.spark.hand_off(HandedBatch(up, trigger, messages, rows))   # acked on the answer
             return
-        self.finish(up, messages, rows)
+        self.ack_batch(up, messages, rows)
 
-    def finish(self, up: Any, messages: list[Message], rows: list[Message]) -> None:
+    def ack_batch(self, up: Upstream, messages: list[Message], rows: list[Message]) -> None:
         """Ack what was written, fail the rest, and give the batch's demand back.  At once,
         as Broadway acks a batch when ``handle_batch`` returns: acks held for the batches
         read with it would wait for their ``handle_batch`` too (prefetch slots held, and
@@ -145,6 +137,34 @@ class BatchProcessorStage(Stage):
         self.counters["out"] += len(ok)
         self.acker.finish(ok, failed)
         self.subs.consumed(up, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class HandedBatch:
+    """A handled batch on its way to Spark: the upstream whose demand it gives back, the
+    trigger that cut it, the messages it brought and the rows ``handle_batch`` returned."""
+
+    up: Upstream
+    trigger: str
+    messages: list[Message]
+    rows: list[Message]
+
+
+@dataclass(frozen=True, slots=True)
+class Committing:
+    """A batch whose COMMIT went to the committer, and when (its Spark wait starts)."""
+
+    batch: HandedBatch
+    sent_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class FileSchema:
+    """The Arrow schema of the files staged last, and its IPC bytes (sent with each
+    COMMIT, encoded again only when the schema changes)."""
+
+    schema: Any       # pa.Schema
+    ipc: bytes
 
 
 class _SparkHandoff:
@@ -162,11 +182,12 @@ class _SparkHandoff:
         self.schema_error: str | None = None
         self.schema_known = False            # the committer answered HELLO
         self.staging: Any = None             # its StagingDir, from that answer
-        self.schema_ipc: tuple[Any, bytes] | None = None   # (schema, its IPC bytes)
-        self.queued: list[tuple] = []        # batches that came before that answer
+        self.file_schema: FileSchema | None = None
+        self.queued: list[HandedBatch] = []  # batches that came before that answer
         # refs start at random so a new incarnation never takes an old one's answer
         self.next_ref = secrets.randbits(48)
-        self.pending: dict[int, tuple[Any, list[Message], list[Message], float]] = {}
+        #: batches whose commit has not answered, by their COMMIT's ref
+        self.pending: dict[int, Committing] = {}
 
     @property
     def holding(self) -> bool:
@@ -178,15 +199,15 @@ class _SparkHandoff:
         stage.register(self.sock, self._on_committer)
         self.sock.send(protocol.hello())
 
-    def hand_off(self, up: Any, trigger: str, messages: list[Message],
-                 rows: list[Message]) -> None:
+    def hand_off(self, batch: HandedBatch) -> None:
         if not self.schema_known:
-            self.queued.append((up, trigger, messages, rows))
+            self.queued.append(batch)
             return
         import pyarrow as pa
 
         from ..spark import spark_rows, spark_staging
 
+        rows = batch.rows
         if self.evolve and self.schema is not None:
             from ..spark.spark_evolve import widen
 
@@ -199,7 +220,7 @@ class _SparkHandoff:
                         len(converted.failed), len(rows), converted.failed[0].status)
         table = converted.table
         if table is None:
-            self.stage.finish(up, messages, rows)
+            self.stage.ack_batch(batch.up, batch.messages, rows)
             return
         ref = self.next_ref
         self.next_ref += 1
@@ -212,12 +233,13 @@ class _SparkHandoff:
             reason = f"spark: staging the batch failed: {type(exc).__name__}: {exc}"
             for m in converted.written:
                 m.status = reason
-            self.stage.finish(up, messages, rows)
+            self.stage.ack_batch(batch.up, batch.messages, rows)
             return
-        if self.schema_ipc is None or not self.schema_ipc[0].equals(table.schema):
-            self.schema_ipc = (table.schema, spark_rows.schema_to_ipc(table.schema))
-        self.sock.send(protocol.commit(ref, trigger, len(table), name, self.schema_ipc[1]))
-        self.pending[ref] = (up, messages, rows, time.perf_counter())
+        if self.file_schema is None or not self.file_schema.schema.equals(table.schema):
+            self.file_schema = FileSchema(table.schema, spark_rows.schema_to_ipc(table.schema))
+        self.sock.send(protocol.commit(ref, batch.trigger, len(table), name,
+                                       self.file_schema.ipc))
+        self.pending[ref] = Committing(batch, time.perf_counter())
 
     def _on_committer(self, sock: zmq.Socket) -> None:
         stage = self.stage
@@ -241,26 +263,26 @@ class _SparkHandoff:
                 self.staging = StagingDir(msg[protocol.SCHEMA_STAGING])
                 self.schema_known = True
                 queued, self.queued = self.queued, []
-                for item in queued:
-                    self.hand_off(*item)
-                # a queued batch none of whose rows fit is finished here, with no RESULT
+                for batch in queued:
+                    self.hand_off(batch)
+                # a queued batch none of whose rows fit is acked here, with no RESULT
                 # to come: the drain may be waiting for this stage's last batch
-                stage._maybe_done()
+                stage.maybe_finish()
             elif kind == protocol.RESULT:
                 entry = self.pending.pop(msg[protocol.RESULT_REF], None)
                 if entry is None:
                     continue   # an answer for an earlier incarnation of this stage
                 self._adopt(msg[protocol.RESULT_SCHEMA])
-                up, messages, rows, t0 = entry
+                batch = entry.batch
                 error = msg[protocol.RESULT_ERROR]
                 if error:
-                    for m in rows:
+                    for m in batch.rows:
                         if m.status is None:
                             m.status = error
-                stage.metrics.observe("spark_wait", time.perf_counter() - t0,
+                stage.metrics.observe("spark_wait", time.perf_counter() - entry.sent_at,
                                       stage.spec.batcher)
-                stage.finish(up, messages, rows)
-                stage._maybe_done()
+                stage.ack_batch(batch.up, batch.messages, batch.rows)
+                stage.maybe_finish()
 
     def _adopt(self, schema_ipc: bytes | None) -> None:
         """The dataset's schema, as the committer fixed it: convert to it from now on."""
@@ -277,8 +299,8 @@ class _SparkHandoff:
         started), and then their rows are written again on redelivery; the daemon's end
         of run counts the rows the committer committed."""
         if self.holding:
-            n = sum(len(e[1]) for e in self.pending.values()) + sum(
-                len(q[2]) for q in self.queued)
+            n = sum(len(c.batch.messages) for c in self.pending.values()) + sum(
+                len(b.messages) for b in self.queued)
             log.info("%s: stopping; %d batch(es) of %d message(s) left unacked, delivered "
                      "again (their commit had not answered: if the committer still "
                      "commits them, they are acknowledged without being written again "

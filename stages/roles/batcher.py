@@ -19,10 +19,11 @@ from ..flow.batching import Batch, BatchAccumulator
 from ..flow.dispatch import Dispatcher, PartitionDispatcher, SpreadDispatcher, stable_hash
 from ..runtime.handler import load_handler
 from ..runtime.spec import StageSpec
-from ..runtime.stage import Stage, ZmqIO
+from ..runtime.stage import ZmqIO
 from ..wire import commands, protocol
 from ..wire.events import Block, row_bytes
 from .consumer import Subscriptions
+from .consumer_stage import ConsumerStage
 from .downstream import Downstream
 
 log = logging.getLogger("offbroadway.batcher")
@@ -40,7 +41,10 @@ class Outgoing(NamedTuple):
     frame: bytes | None = None
 
 
-class BatcherStage(Stage):
+class BatcherStage(ConsumerStage):
+    #: never resized, never in the first layer: only an upstream's restart
+    CASCADE = (commands.Resubscribe,)
+
     def __init__(self, spec: StageSpec, io: ZmqIO | None = None) -> None:
         super().__init__(spec, io)
         # events stay rows of encoded data here: a byte budget counts their data's encoded
@@ -63,10 +67,8 @@ class BatcherStage(Stage):
         self.subs = Subscriptions(spec.max_demand, spec.min_demand,
                                   can_ask=lambda: len(self.pending) <= max(1, n),
                                   counters=self.counters)
-        self.finished = False
         self._timer_at: float | None = None
         self.counters.update(batches=0)
-        self.accept(commands.Resubscribe, self._on_resubscribe)
         self.accept(commands.Flush, self._on_flush)
         self.accept(commands.Batching, self._on_batching)
         self.accept(commands.Subscribe, self._on_subscribe)
@@ -125,16 +127,18 @@ class BatcherStage(Stage):
                              len(self.subs.upstreams))
                     break
         if self.subs.all_done and not self.finished:
+            # every processor ended its stream: partial batches go now, not at their timeout
             self._emit(self.acc.flush())
         self._arm_timer()
-        self._maybe_finish()
+        self.maybe_finish()
 
     def _emit(self, batches: list[Batch]) -> None:
         for key, events, trigger in batches:
             if self.partition_of is None:
                 self.pending.append(Outgoing(key, events, trigger, None))
             else:   # keyed by (batch key, partition): see _on_upstream
-                self.pending.append(Outgoing(key[0], events, trigger, key[1]))
+                batch_key, partition = key
+                self.pending.append(Outgoing(batch_key, events, trigger, partition))
         if batches:
             self._dispatch()
 
@@ -160,7 +164,7 @@ class BatcherStage(Stage):
     # -- downstream (batch processors) ------------------------------------------------------
     def _on_demand(self) -> None:
         self._dispatch()
-        self._maybe_finish()
+        self.maybe_finish()
 
     def _dispatch(self) -> None:
         if not self.pending:
@@ -178,17 +182,10 @@ class BatcherStage(Stage):
         self.counters["batches"] += 1
         return batch.frame
 
-    # -- shutdown cascade -------------------------------------------------------------------
-    def _maybe_finish(self) -> None:
-        if self.finished or not self.subs.all_done or self.pending or len(self.acc):
-            return
-        self.finished = True
-        self.downstream.cancel_all(protocol.CANCEL_SHUTDOWN)
-
-    def _on_resubscribe(self, command: commands.Resubscribe) -> None:
-        """A processor restarted without us: it knows no subscription of ours, and we
-        would wait for its events forever."""
-        self.subs.resubscribe_to(command.upstream)
+    # -- the consumer cascade (:mod:`.consumer_stage`) ----------------------------------------
+    def holding(self) -> bool:
+        """Batches waiting for batch-processor demand, or messages not in a batch yet."""
+        return bool(self.pending) or len(self.acc) > 0
 
     def _on_subscribe(self, command: commands.Subscribe) -> None:
         """A resize added a processor: subscribe to it (once; a batcher started after the
@@ -202,7 +199,8 @@ class BatcherStage(Stage):
                  len(self.subs.upstreams))
 
     def _on_flush(self, _: commands.Flush) -> None:
-        """Operator drain: emit partial batches now instead of at their timeout."""
+        """The operator's pause (``offbroadway drain``; not the stop's drain): emit partial
+        batches now instead of at their timeout."""
         self._emit(self.acc.flush())
 
 

@@ -15,7 +15,7 @@ Two ways to ask for events, chosen per stage:
 
 A stage may stop asking (``can_ask``: back-pressure) when its own output is backed up: that is how
 back-pressure reaches the source.  An upstream that cancels with "shutdown" is done; when
-every upstream is done the stage flushes (``on_upstream_done``).  An upstream that
+every upstream is done the stage finishes (:mod:`.consumer_stage`).  An upstream that
 restarted is subscribed to afresh when the daemon says so (one path: its answer
 "unknown subscription" to an ask only voids what was out there).
 
@@ -247,7 +247,8 @@ class Subscriptions:
             self._send_ask(up, n)
 
     def release(self) -> None:
-        """Output drained: send the asks that back-pressure held back."""
+        """The stage's output is back under its bound: send the asks that back-pressure
+        held back."""
         for up in self.upstreams:
             if up.window is not None:
                 self._ask_window(up)
@@ -321,14 +322,15 @@ class Subscriptions:
         budget = self.budget
         if budget is None:
             return
-        # an upstream that is done (drained) takes nothing back: those events stay here
+        # an upstream that is done (its stream ended) takes nothing back: those events stay
         waiting = sum(len(evs) for up, evs, budgeted, _ in inbox if budgeted and not up.done)
         keep = budget.keep(waiting)
         if keep >= waiting:
             return
         kept: deque[tuple[Upstream, list, bool, Any]] = deque()
-        back: dict[int, tuple[Upstream, list]] = {}
-        codecs: dict[int, set[int]] = {}
+        #: per upstream (in the order first met), the blocks it takes back and their codecs
+        back: dict[Upstream, list] = {}
+        codecs: dict[Upstream, set[int]] = {}
         for up, evs, budgeted, header in inbox:
             if not budgeted or up.done:
                 kept.append((up, evs, budgeted, header))
@@ -338,14 +340,14 @@ class Subscriptions:
             if take:
                 kept.append((up, evs[:take] if take < len(evs) else evs, True, header))
             if take < len(evs):
-                back.setdefault(up.index, (up, []))[1].append(evs[take:])
-                codecs.setdefault(up.index, set()).add(evs.codec)
+                back.setdefault(up, []).append(evs[take:])
+                codecs.setdefault(up, set()).add(evs.codec)
         inbox.clear()
         inbox.extend(kept)
-        for index, (up, blocks) in back.items():
+        for up, blocks in back.items():
             # one codec per frame: blocks of a producer whose data came in two kinds (a
             # source that gave bytes, then values) go back as values
-            codec = blocks[0].codec if len(codecs[index]) == 1 else ev.MSGPACK
+            codec = blocks[0].codec if len(codecs[up]) == 1 else ev.MSGPACK
             evs = [row for b in blocks for row in (b if b.codec == codec
                                                    else ev.transcode(b.rows(), b.codec))]
             for frame, _ in protocol.frames_within_limit(

@@ -48,7 +48,7 @@ class Downstream:
 
     def _on_frames(self, sock: zmq.Socket) -> None:
         stage = self.stage
-        # readiness from the socket's EVENTS, not a zmq.Again raised at the end of every drain
+        # readiness from the socket's EVENTS, not a zmq.Again raised at the end of every read
         for _ in range(READ_BURST):
             if not sock.get(protocol.ZMQ_EVENTS) & protocol.ZMQ_POLLIN:
                 break

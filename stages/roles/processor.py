@@ -7,7 +7,9 @@ processor should start instead of queueing it behind the current job.  Without
 batchers it acks each frame's messages to their producers as soon as they are handled;
 with batchers it is a producer-consumer: healthy messages go on, partitioned by batcher
 key, to the batchers that subscribe to it.  A callback that raises fails only the messages
-concerned; the stage keeps running.
+concerned; the stage keeps running.  When every producer has cancelled (the drain) or it
+leaves (a resize), it forwards what it holds and finishes (:mod:`.consumer_stage`): it
+cancels its batchers, or, without batchers, reports ``done``.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from ..poison import blame
 from ..runtime import callbacks
 from ..runtime.handler import load_handler
 from ..runtime.spec import StageSpec
-from ..runtime.stage import Stage, ZmqIO
-from ..wire import commands, protocol
+from ..runtime.stage import ZmqIO
+from ..wire import protocol
 from ..wire.values import split_unsendable
 from .acker import Acker
 from .consumer import Subscriptions, Upstream
+from .consumer_stage import ConsumerStage
 from .downstream import Downstream
 
 log = logging.getLogger("offbroadway.processor")
@@ -39,7 +42,7 @@ log = logging.getLogger("offbroadway.processor")
 ONWARD = "on to the batcher"
 
 
-class ProcessorStage(Stage):
+class ProcessorStage(ConsumerStage):
     def __init__(self, spec: StageSpec, io: ZmqIO | None = None) -> None:
         super().__init__(spec, io)
         self.handler = load_handler(spec.handler)
@@ -59,7 +62,6 @@ class ProcessorStage(Stage):
                                   can_ask=lambda: self.held_out < self.out_limit,
                                   budget=True, index=spec.index, call_later=self.call_later,
                                   counters=self.counters)
-        self.finished = False
         #: messages the handler discarded (Message.discard) and this stage acked at once
         self.counters["discarded"] = 0
         self.counters["unsendable"] = 0
@@ -67,9 +69,6 @@ class ProcessorStage(Stage):
         #: the frame's header: status and batch key, and its events packed, for the blame
         #: record)
         self.inbox: deque[tuple[Upstream, list, bool, tuple]] = deque()
-        self.accept(commands.Resubscribe, self._on_resubscribe)
-        self.accept(commands.NoResubscribe, self._on_no_resubscribe)
-        self.accept(commands.Leave, self._on_leave)
 
     def setup(self) -> None:
         if self.batchers:
@@ -112,7 +111,7 @@ class ProcessorStage(Stage):
             started = time.perf_counter()
             self._handle(events, *header)
             self.subs.consumed(up, len(events), time.perf_counter() - started, budgeted)
-        self._maybe_finish()
+        self.maybe_finish()
 
     def _gather(self, wait: float) -> None:
         """Read every upstream, and with ``wait`` go on reading for that many seconds (a
@@ -179,7 +178,7 @@ class ProcessorStage(Stage):
     # -- downstream (batchers) --------------------------------------------------------------
     def _on_demand(self) -> None:
         self._forward()
-        self._maybe_finish()
+        self.maybe_finish()
 
     def _forward(self) -> None:
         out = self.out
@@ -211,36 +210,10 @@ class ProcessorStage(Stage):
         self.acker.finish((), bad)
         return _frames(kept) if kept else []
 
-    # -- shutdown cascade -------------------------------------------------------------------
-    def _maybe_finish(self) -> None:
-        if self.finished or not self.subs.all_done or self.out:
-            return
-        self.finished = True
-        if self.batchers:
-            # "leaving": the batchers forget us once they have read what we sent
-            self.downstream.cancel_all(protocol.CANCEL_LEAVING if self.leaving
-                                        else protocol.CANCEL_SHUTDOWN)
-        # final counts: the last tick may be older
-        self.report(commands.Left(self.stats()) if self.leaving else
-                    commands.Done(self.stats()))
-
-    def _on_resubscribe(self, command: commands.Resubscribe) -> None:
-        self.subs.resubscribe_to(command.upstream)
-        self._maybe_finish()      # in the drain, a restarted upstream is done
-
-    def _on_leave(self, _: commands.Leave) -> None:
-        """A resize removes this processor: stop asking, cancel every subscription, finish
-        what was received and forward what is held, then report ``left`` (the daemon stops
-        us as a planned stop: nothing is requeued)."""
-        if self.leaving:
-            return
-        log.info("%s: leaving the pipeline (resize): finishing what it holds", self.id)
-        self.leaving = True
-        self.subs.leave()
-        self._maybe_finish()
-
-    def _on_no_resubscribe(self, _: commands.NoResubscribe) -> None:
-        self.subs.resubscribe = False
+    # -- the consumer cascade (:mod:`.consumer_stage`) ----------------------------------------
+    def holding(self) -> bool:
+        """Handled messages still wait for the batchers' demand."""
+        return bool(self.out)
 
 
 def _frames(share: list[Message]) -> list[tuple[bytes, list[Message]]]:

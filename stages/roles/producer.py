@@ -89,7 +89,9 @@ class ProducerStage(Stage):
         #: guard's revision last written there
         self._books_path = books.path(spec.runtime_dir, spec.id)
         self._books_revision = 0
+        #: told ``Shutdown``: the stop's drain (it ends with this stage's cancels)
         self.draining = False
+        #: the operator's pause (``offbroadway drain``): fetches nothing until ``Resume``
         self.paused = False
         self._retry_pending = False
         self._idle: bool | None = None
@@ -339,7 +341,7 @@ class ProducerStage(Stage):
         for f in failed:
             if isinstance(f, (list, tuple)) and f:
                 try:
-                    statuses.pop(f[0], None)
+                    statuses.pop(f[protocol.FAILED_TOKEN], None)
                 except TypeError:
                     pass
 

@@ -227,10 +227,11 @@ class Stage:
             except zmq.Again:
                 return
             msg = self.decode(frame, "hub")
-            if msg is None or msg[0] != protocol.COMMAND:
+            if msg is None or msg[protocol.KIND_AT] != protocol.COMMAND:
                 continue
             try:
-                command = commands.parse_command(msg[1], msg[2])
+                command = commands.parse_command(msg[protocol.COMMAND_NAME],
+                                                 msg[protocol.COMMAND_ARGS])
             except commands.BadCommand as exc:
                 # a daemon of another version must not kill the stage (a TypeError inside
                 # a handler is a bug and does)

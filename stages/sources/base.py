@@ -222,7 +222,8 @@ class Source(abc.ABC):
         return 0.1
 
     def pause(self) -> None:
-        """Stop taking in messages (drain, or an operator's pause); fetch is not called."""
+        """Stop taking in messages (the stop's drain, or the operator's pause: ``offbroadway
+        drain``); fetch is not called."""
 
     def resume(self) -> None:
         """Undo :meth:`pause`."""

@@ -1,13 +1,14 @@
 """The control vocabulary between the daemon and the stages: every command and report, once.
 
-The daemon commands stages and stages report to it over the hub (:mod:`.protocol`'s
-COMMAND and REPORT frames).  Each command and each report is a frozen record here, with
-its arguments typed; both sides import this module (it lives under ``stages/`` because
-stages must not import the daemon), so a command the daemon sends is a command a stage
-knows, with the arguments it takes, or the type checker says so.  A stage accepts the
-commands of its role (:meth:`offbroadway.stages.runtime.stage.Stage.accept`); a command it does not
-accept, or one whose arguments do not check (a daemon of another version), is logged and
-ignored, never a crash.
+The daemon commands stages and stages report to it over the hub, in COMMAND and REPORT
+frames (:func:`command`, :func:`report`; the frame is :mod:`.frames`').  Each command and
+each report is a frozen record here, with its arguments typed; both sides import this
+module (it lives under ``stages/`` because stages must not import the daemon), so a
+command the daemon sends is a command a stage knows, with the arguments it takes, or the
+type checker says so.  A stage accepts the commands of its role
+(:meth:`offbroadway.stages.runtime.stage.Stage.accept`); a command it does not accept, or
+one whose arguments do not check (a daemon of another version), is logged and ignored,
+never a crash.
 
 Adding a command (``scale``, say): a record below with its ``NAME`` and fields, an
 ``accept`` in the stages that take it, and the daemon sends it with ``hub.send``.
@@ -30,8 +31,8 @@ Redelivery          committers          the sources take back what was in flight
                                         copies of committed messages may come again
 ReleaseSuspects     producers           the processors are back: quarantined suspects
                                         may run
-Pause / Resume      producers           operator drain / resume
-Flush               batchers            operator drain: partial batches now
+Pause / Resume      producers           the operator's pause (``offbroadway drain``) / resume
+Flush               batchers            the operator's pause: partial batches now
 Batching            batchers            reload: new batch_size / batch_timeout
 LogLevel            every stage         reload: new runtime.log_level
 Leave               processors, batch   a resize removes it: cancel its subscriptions,
@@ -53,7 +54,21 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
-from . import protocol
+from .frames import COMMAND, REPORT, frame
+
+#: field positions in a decoded COMMAND or REPORT frame
+COMMAND_NAME, COMMAND_ARGS = 1, 2
+REPORT_NAME, REPORT_BODY = 1, 2
+
+
+def command(name: str, args: dict | None = None) -> bytes:
+    """COMMAND (daemon → stage): a command's name and its arguments."""
+    return frame(COMMAND, name, args or {})
+
+
+def report(name: str, body: dict | None = None) -> bytes:
+    """REPORT (stage → daemon): a report's name and its body (``stats``, ``idle``…)."""
+    return frame(REPORT, name, body or {})
 
 
 class BadCommand(ValueError):
@@ -145,7 +160,7 @@ class Command:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     def encode(self) -> bytes:
-        return protocol.command(self.NAME, self.args())
+        return command(self.NAME, self.args())
 
     @classmethod
     def from_args(cls, args: dict) -> Command:
@@ -287,8 +302,8 @@ class Report:
     NAME: ClassVar[str] = ""
 
     def encode(self) -> bytes:
-        return protocol.report(self.NAME, {f.name: getattr(self, f.name)
-                                           for f in dataclasses.fields(self)})
+        return report(self.NAME, {f.name: getattr(self, f.name)
+                                  for f in dataclasses.fields(self)})
 
     @classmethod
     def from_body(cls, body: dict) -> Report:
@@ -321,8 +336,10 @@ class Idle(Report):
 
 @dataclass(frozen=True)
 class Done(Report):
-    """Every upstream cancelled and everything this stage held is finished: its final
-    counters."""
+    """A finisher (a stage that acks and that nothing consumes: a processor without
+    batchers, a batch processor) has seen every upstream cancel and finished everything it
+    held: its final counters.  The drain's terminator waits for it; a stage with consumers
+    says nothing, its cancel to them carries the end on."""
 
     NAME: ClassVar[str] = "done"
     stats: dict = field(default_factory=dict)

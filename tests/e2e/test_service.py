@@ -111,7 +111,7 @@ def test_operator_restart_of_a_processor_restarts_its_one_for_all_siblings(
                    timeout=60, message="messages to flow")
         before = stage_pids(sock)
         for pid in before.values():          # status reports the real processes
-            assert "offbroadway.stages.runtime.worker" in " ".join(psutil.Process(pid).cmdline())
+            assert "offbroadway.stages.worker" in " ".join(psutil.Process(pid).cmdline())
         assert cli("restart", "processor_default_0", "--socket", str(sock)).returncode == 0
         after = wait_until(lambda: (p := stage_pids(sock)) and all(
             p.get(k) not in (None, before[k]) for k in ("processor_default_0",

@@ -45,6 +45,7 @@ from nats.js import api
 
 from ...runtime.redact import mask_url
 from ..base import Item
+from ..io_ops import Ack, Fail, IoOp, Pause, Requeue, Resume
 from ..mailbox import Mailbox
 from .delivery import DEAD_LETTER_HEADER as DEAD_LETTER_HEADER  # the name tests import from here
 from .delivery import NatsHandle, dead_letter_headers, to_item
@@ -75,7 +76,7 @@ class JetStreamPuller:
         self.client_name = client_name
         self.url_masked = mask_url(settings.url)
         # shared: written by the producer thread, read here
-        self.commands: deque[tuple[str, Any]] = deque()
+        self.commands: deque[IoOp] = deque()
         self.paused = False
         self.idle_asked_at = 0.0
         # shared: written here, read by the producer thread (single assignments)
@@ -113,9 +114,10 @@ class JetStreamPuller:
                                         name=f"nats-io-{self.client_name}")
         self._thread.start()
 
-    def post(self, op: str, arg: Any = None) -> None:
-        """Hand the I/O thread a command (ack, fail, requeue, pause, resume)."""
-        self.commands.append((op, arg))
+    def post(self, op: IoOp) -> None:
+        """Hand the I/O thread an operation (:mod:`..io_ops`: ack, fail, requeue, pause,
+        resume)."""
+        self.commands.append(op)
         self._wake()
 
     def stop(self, timeout: float) -> bool:
@@ -297,7 +299,7 @@ class JetStreamPuller:
         self.empty_confirmed = False
         self._zero_probes = 0
         if self.paused or self.closing.is_set():
-            self.commands.append(("requeue", [h for *_, h in items]))
+            self.commands.append(Requeue([h for *_, h in items]))
             self.returned += len(items)
             return
         self.mailbox.put_many(items)
@@ -319,27 +321,28 @@ class JetStreamPuller:
     async def _run_commands(self) -> None:
         commands = self.commands
         while commands:
-            op, arg = commands.popleft()
+            op = commands.popleft()
             try:
-                await self._run_one(op, arg)
+                await self._run_one(op)
             except _Unsent as unsent:
-                commands.appendleft((op, unsent.rest))   # the rest, first, once we can
+                commands.appendleft(_rest(op, unsent.rest))   # the rest, first, once we can
                 await asyncio.sleep(_SEND_RETRY)
                 return
 
-    async def _run_one(self, op: str, arg: Any) -> None:
-        if op == "ack":
-            await self._settle_each(arg, lambda h: _ACK, "acked", forget=self.failing)
-        elif op == "requeue":
-            await self._settle_each(arg, lambda h: _NAK, "requeued")
-        elif op == "fail":
-            await self._fail(arg)
-        elif op == "pause":
-            back = self.mailbox.take_all()
-            self.returned += len(back)
-            await self._settle_each([h for *_, h in back], lambda h: _NAK, "requeued")
-        elif op == "resume":
-            pass      # the pull loop reads ``paused``
+    async def _run_one(self, op: IoOp) -> None:
+        match op:
+            case Ack(handles):
+                await self._settle_each(handles, lambda h: _ACK, "acked", forget=self.failing)
+            case Requeue(handles):
+                await self._settle_each(handles, lambda h: _NAK, "requeued")
+            case Fail(failures):
+                await self._fail(failures)
+            case Pause():
+                back = self.mailbox.take_all()
+                self.returned += len(back)
+                await self._settle_each([h for *_, h in back], lambda h: _NAK, "requeued")
+            case Resume():
+                pass      # the pull loop reads ``paused``
 
     async def _settle_each(self, handles: list[NatsHandle], payload: Callable[[Any], bytes],
                            counter: str, forget: dict[int, int] | None = None) -> None:
@@ -499,7 +502,7 @@ class JetStreamPuller:
         back = self.mailbox.take_all()
         if back:
             self.returned += len(back)
-            self.commands.append(("requeue", [h for *_, h in back]))
+            self.commands.append(Requeue([h for *_, h in back]))
         with contextlib.suppress(Exception):
             if nc.is_connected:
                 await asyncio.wait_for(self._run_commands(), self.s.connect_timeout)
@@ -520,6 +523,20 @@ class _Unsent(Exception):
     def __init__(self, rest: list) -> None:
         super().__init__(f"{len(rest)} settles not sent")
         self.rest = rest
+
+
+def _rest(op: IoOp, rest: list) -> IoOp:
+    """``op`` again over the settles of it that could not be sent."""
+    match op:
+        case Ack():
+            return Ack(rest)
+        case Requeue():
+            return Requeue(rest)
+        case Fail():
+            return Fail(rest)
+    # a pause runs again and gives back what the mailbox holds then; the NAKs of its first
+    # run that could not be sent are not among them: they stay owed (as before the records)
+    return op
 
 
 def _describe(exc: BaseException) -> str:

@@ -22,6 +22,7 @@ from ...runtime.redact import mask_url
 from .. import window_option
 from ..base import Failure, Item, Source, SourceError, not_contacted
 from ..decode import body_decoder, decode_bodies
+from ..io_ops import Ack, Fail, Pause, Requeue, Resume
 from ..mailbox import Mailbox
 from .connection import JetStreamPuller
 from .settings import DEFAULT_PREFETCH, KNOWN_OPTIONS, NAME, NatsSettings, parse_options
@@ -131,15 +132,15 @@ class NatsSource(Source):
 
     def ack(self, handles: list[Any]) -> None:
         if handles and self._io is not None:
-            self._io.post("ack", handles)
+            self._io.post(Ack(handles))
 
     def fail(self, failures: list[Failure]) -> None:
         if failures and self._io is not None:
-            self._io.post("fail", failures)
+            self._io.post(Fail(failures))
 
     def requeue(self, handles: list[Any]) -> None:
         if handles and self._io is not None:
-            self._io.post("requeue", handles)
+            self._io.post(Requeue(handles))
 
     def exhausted(self) -> bool:
         """Nothing buffered, and the server confirmed (twice, no delivery between) that the
@@ -169,12 +170,12 @@ class NatsSource(Source):
             return
         self._io.paused = True
         self._mailbox.disarm()
-        self._io.post("pause")
+        self._io.post(Pause())
 
     def resume(self) -> None:
         if self._io is not None:
             self._io.paused = False
-            self._io.post("resume")
+            self._io.post(Resume())
 
     def stats(self) -> dict[str, Any]:
         s, io = self.settings, self._io

@@ -34,6 +34,7 @@ import tenacity
 
 from ...runtime.redact import describe_error, mask_url
 from ..base import Item, backoff_wait, next_attempt
+from ..io_ops import Ack, Fail, IoOp, Pause, Requeue, Resume, Window
 from ..mailbox import Mailbox
 from .delivery import item_of, to_item
 from .frames import install as install_frames
@@ -86,7 +87,7 @@ class Consumer:
         self.settle = Settlement(settings.on_failure)
         self.probe = IdleProbe()
         # producer thread → I/O thread
-        self.commands: deque[tuple[str, Any]] = deque()
+        self.commands: deque[IoOp] = deque()
         self._wake_pending = False
         self.paused = False
         #: requeues asked (producer thread) and taken over by the I/O thread: while they
@@ -135,8 +136,8 @@ class Consumer:
         self._thread = None
         return not thread.is_alive()
 
-    def command(self, op: str, arg: Any) -> None:
-        self.commands.append((op, arg))
+    def command(self, op: IoOp) -> None:
+        self.commands.append(op)
         if not self._wake_pending:
             self._wake_pending = True
             self.wake()
@@ -375,32 +376,36 @@ class Consumer:
         self._wake_pending = False
         commands, settle = self.commands, self.settle
         while commands:
-            op, arg = commands.popleft()
-            if op == "ack":
-                settle.ack(arg)
-            elif op == "fail":
-                settle.fail(arg)
-            elif op == "requeue":
-                try:
-                    settle.requeue(arg)
-                finally:
-                    # on their way back to the queue: an "empty" confirmed before says
-                    # nothing now, and no probe counts until the broker has been told
-                    # (_serve).  Reset, then counted: the producer thread reads in that
-                    # order.  Counted even if the channel died under it, or exhausted()
-                    # would wait for it forever (a lost connection resets the probe too)
-                    self.probe.delivered()
-                    self.requeues_taken += 1
-            elif op == "pause" and self._channel is not None and self.paused:
-                settle.release_cooling(all_=True)    # a drain or a pause: back to the queue
-                self._stop_consuming()
-            elif op == "resume" and self._channel is not None and not self.paused:
-                self._start_consuming()
-            elif op == "window":
-                self.settings = dataclasses.replace(self.settings, prefetch_count=arg)
-                if self._channel is not None:
-                    self._channel.basic_qos(prefetch_count=arg)
-                log.info("rabbitmq source: prefetch %d auto (the pipeline was resized)", arg)
+            match commands.popleft():
+                case Ack(handles):
+                    settle.ack(handles)
+                case Fail(failures):
+                    settle.fail(failures)
+                case Requeue(handles):
+                    try:
+                        settle.requeue(handles)
+                    finally:
+                        # on their way back to the queue: an "empty" confirmed before says
+                        # nothing now, and no probe counts until the broker has been told
+                        # (_serve).  Reset, then counted: the producer thread reads in
+                        # that order.  Counted even if the channel died under it, or
+                        # exhausted() would wait for it forever (a lost connection resets
+                        # the probe too)
+                        self.probe.delivered()
+                        self.requeues_taken += 1
+                case Pause() if self._channel is not None and self.paused:
+                    # the stop's drain or the operator's pause: back to the queue
+                    settle.release_cooling(all_=True)
+                    self._stop_consuming()
+                case Resume() if self._channel is not None and not self.paused:
+                    self._start_consuming()
+                case Window(prefetch):
+                    self.settings = dataclasses.replace(self.settings,
+                                                        prefetch_count=prefetch)
+                    if self._channel is not None:
+                        self._channel.basic_qos(prefetch_count=prefetch)
+                    log.info("rabbitmq source: prefetch %d auto (the pipeline was resized)",
+                             prefetch)
 
     def _probe(self) -> None:
         """A passive queue.declare on a channel of its own (see :mod:`.probe`)."""

@@ -37,6 +37,7 @@ from ..base import (
     not_contacted,
 )
 from ..decode import body_decoder, decode_bodies
+from ..io_ops import Ack, Fail, Pause, Requeue, Resume, Window
 from ..mailbox import Mailbox
 from .connection import Consumer
 from .settings import (
@@ -195,16 +196,16 @@ class RabbitMQSource(Source):
 
     def ack(self, handles: list[Any]) -> None:
         if handles:
-            self._io.command("ack", handles)
+            self._io.command(Ack(handles))
 
     def fail(self, failures: list[Failure]) -> None:
         if failures:
-            self._io.command("fail", failures)
+            self._io.command(Fail(failures))
 
     def requeue(self, handles: list[Any]) -> None:
         if handles:
             self._io.requeues_asked += 1
-            self._io.command("requeue", handles)
+            self._io.command(Requeue(handles))
 
     def exhausted(self) -> bool:
         """Nothing buffered and the broker confirmed the queue has no ready message
@@ -230,24 +231,24 @@ class RabbitMQSource(Source):
     def pause(self) -> None:
         """Stop the broker pushing (basic.cancel) and give unfetched deliveries back.
 
-        Drain and operator pause: the queue's other consumers (another daemon) get those
-        messages at once instead of after this one closes.
+        The stop's drain and the operator's pause: the queue's other consumers (another
+        daemon) get those messages at once instead of after this one closes.
         """
         self._io.paused = True
         if self._mailbox is not None:
             self._mailbox.disarm()
-        self._io.command("pause", None)
+        self._io.command(Pause())
 
     def resume(self) -> None:
         self._io.paused = False
-        self._io.command("resume", None)
+        self._io.command(Resume())
 
     def set_window(self, prefetch: int) -> None:
         """A resize changed the auto window: ``basic.qos`` again on the I/O thread (the
         broker applies it to deliveries from then on; a reconnect uses it too).  An
         explicit ``prefetch_count`` is kept as given."""
         if self.settings.prefetch_auto:
-            self._io.command("window", max(1, min(prefetch, AMQP_MAX_PREFETCH)))
+            self._io.command(Window(max(1, min(prefetch, AMQP_MAX_PREFETCH))))
 
     def stats(self) -> dict[str, Any]:
         s, io = self.settings, self._io

@@ -1,7 +1,11 @@
-"""Entry point of every stage process: ``python -m offbroadway.stages.runtime.worker``.
+"""Entry point of every stage process: ``python -m offbroadway.stages.worker``.
 
-The stage's spec arrives in the environment (see :mod:`.spec`).  Imports are kept to the
-stage runtime's own (zmq, msgpack), since restart latency is start-up time.
+The stage's spec arrives in the environment (see :mod:`.runtime.spec`).  Imports are kept
+to the stage runtime's own (zmq, msgpack), since restart latency is start-up time.
+
+It stands above the folders it ties together (``runtime/``, ``roles/``, ``sources/``) so
+that none of them imports it back: the roles and the sources build on the runtime, and
+only this module knows every role.
 """
 
 from __future__ import annotations
@@ -14,24 +18,24 @@ import sys
 import msgspec
 from offbroadway.supervision.child import guard_descendants, kill_descendants
 
-from ..sources.base import EXIT_SOURCE_REFUSED, SourceError
-from . import logs
-from .liveness import Liveness
-from .redact import install_filter, value_secrets
-from .spec import StageSpec
+from .runtime import logs
+from .runtime.liveness import Liveness
+from .runtime.redact import install_filter, value_secrets
+from .runtime.spec import StageSpec
+from .sources.base import EXIT_SOURCE_REFUSED, SourceError
 
 
 def _role(role: str) -> type:
     """The stage class of ``role``, importing only its module: the committer's pyarrow
     (and numpy) would add ~30 MB to every stage process that imported it for nothing."""
     if role == "committer":
-        from ..roles.committer import CommitterStage
+        from .roles.committer import CommitterStage
 
         return CommitterStage
-    from ..roles.batch_processor import BatchProcessorStage
-    from ..roles.batcher import BatcherStage
-    from ..roles.processor import ProcessorStage
-    from ..roles.producer import ProducerStage
+    from .roles.batch_processor import BatchProcessorStage
+    from .roles.batcher import BatcherStage
+    from .roles.processor import ProcessorStage
+    from .roles.producer import ProducerStage
 
     roles: dict[str, type] = {"producer": ProducerStage, "processor": ProcessorStage,
                               "batcher": BatcherStage, "batch_processor": BatchProcessorStage}
