@@ -75,6 +75,7 @@ class JournalPort(Protocol):
     its incarnations (a local file, :class:`~offbroadway.stages.spark.spark_once.Journal`)."""
 
     def last(self, n: int = RECOVER) -> list[datetime]: ...
+    def ended_clean(self) -> bool: ...
     def record(self, stamp: datetime) -> None: ...
     def sessions(self) -> list[str]: ...
     def add_session(self, session_id: str) -> None: ...
@@ -283,6 +284,13 @@ class CommitterJobs:
                             "fixes it", self.id, exc.reason)
         self.settle_sessions()
         stamps = self.journal.last(RECOVER) if self.journal is not None else []
+        if stamps and self.journal is not None and self.journal.ended_clean():
+            # the last run ended with every committed row acknowledged at its source: no
+            # message of those commits comes back, so nothing is in doubt (and no line
+            # says otherwise)
+            log.debug("%s: the last run ended with every commit acknowledged; nothing in "
+                      "doubt", self.id)
+            stamps = []
         if stamps:
             try:
                 ids = self.sink.ids_of(self.batcher, stamps)

@@ -11,6 +11,9 @@ that be?  Only those of the last jobs before the crash:
   daemon's state dir (fsync'd; the last :data:`KEEP` stamps kept, so it stays bounded);
 * a new committer incarnation reads the journal's last :data:`RECOVER` stamps and asks
   Spark for the ``message_id``s of the rows with those stamps: the **ids in doubt**;
+  unless the journal ends with :data:`CLEAN`, which the daemon writes after a run whose
+  every message was acknowledged at its source and every committed row answered (no
+  message of those commits can come back, so none is in doubt);
 * a batch processor that restarts while the committer lives leaves the ids of its
   recently committed batches in doubt (the committer keeps their staged files, the last
   :data:`PEER_BATCHES` per batch processor, and reads the ids only then);
@@ -54,6 +57,8 @@ KEEP = 16
 #: the jobs a crash can leave committed but not acknowledged: the one running and the
 #: ones just before whose answers may not have reached their batch processors yet
 RECOVER = 3
+#: the journal's last line after a run that left nothing in doubt (:meth:`Journal.mark_clean`)
+CLEAN = "clean"
 #: committed batches remembered per batch processor, at least (its unacknowledged answers
 #: are at most its ``max_demand`` batches, which the topology gives the committer as
 #: ``peer_batches``: 201 for the README's config)
@@ -88,19 +93,39 @@ class Journal:
                 continue
         return out[::-1]
 
+    def ended_clean(self) -> bool:
+        """Whether the last run ended with every committed row acknowledged at its source
+        (:meth:`mark_clean` after the last commit): then nothing of it is in doubt."""
+        try:
+            lines = self.path.read_text().split()
+        except FileNotFoundError:
+            return False
+        return bool(lines) and lines[-1] == CLEAN
+
+    def mark_clean(self) -> None:
+        """Durably: every commit recorded so far was acknowledged at its source, so the
+        next incarnation has nothing in doubt.  A commit recorded after it comes after it
+        in the file, and the mark no longer ends the journal."""
+        if not self.path.exists():
+            return
+        self._append(CLEAN)
+
     def record(self, stamp: datetime) -> None:
         """Durably, before the job starts: a crash after this line leaves the commit in
         doubt, never unknown."""
         if self._lines >= 10 * KEEP:
             self._compact()
+        self._append(stamp.isoformat())
+        self._lines += 1
+
+    def _append(self, line: str) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             # a leading newline ends a line torn by a crash (blank lines are skipped)
-            os.write(fd, f"\n{stamp.isoformat()}\n".encode())
+            os.write(fd, f"\n{line}\n".encode())
             os.fsync(fd)
         finally:
             os.close(fd)
-        self._lines += 1
 
     # -- the server-side sessions of this committer's incarnations ----------------------
     @property

@@ -173,6 +173,29 @@ def test_a_restart_puts_the_job_in_doubt_and_does_not_write_its_rows_again(
     assert again.journal is not None and again.journal.last()[0] == stamp
 
 
+def test_after_a_run_marked_clean_nothing_is_in_doubt_and_a_later_commit_unmarks_it(
+        tmp_path: Path) -> None:
+    """A run whose every committed row was acknowledged at its source ends with the
+    journal marked clean (the daemon does it): the next incarnation reads nothing back and
+    puts nothing in doubt.  A commit after the mark ends the clean state again."""
+    spark = FakeSpark()
+    first = committer(tmp_path, spark)
+    hand(first, 1, range(0, 100))
+    run(first)
+    assert first.journal is not None
+    first.journal.mark_clean()
+    assert first.journal.ended_clean() and len(first.journal.last()) == 1
+
+    again = committer(tmp_path, spark)
+    assert len(again.doubt) == 0 and not again.doubt.watching
+    hand(again, 2, range(100, 200))
+    run(again)
+    assert again.journal is not None and not again.journal.ended_clean()
+
+    third = committer(tmp_path, spark)    # the second run was not marked: in doubt again
+    assert len(third.doubt) == 200 and third.doubt.watching
+
+
 def test_a_failed_write_fails_its_batches_alone_and_keeps_nothing_staged(
         tmp_path: Path) -> None:
     spark = FakeSpark()
