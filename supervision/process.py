@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import psutil
 
-from . import exitwatch
-from .spawn import spawn
+from .linux import exitwatch
+from .linux.spawn import spawn
 from .spec import BRUTAL_KILL, INFINITY, Shutdown, WorkerSpec
 
 log = logging.getLogger("offbroadway.supervision")

@@ -136,8 +136,8 @@ def _circle(edges: dict[str, set[str]], group: set[str]) -> list[str]:
 
 def test_the_graph_sees_the_package() -> None:
     edges = graph()
-    assert "offbroadway.daemon.app" in edges and "offbroadway.supervision.supervisor" in edges
-    assert "offbroadway.daemon.reactions" in edges["offbroadway.daemon.app"]
+    assert "offbroadway.daemon.shell.app" in edges and "offbroadway.supervision.supervisor" in edges
+    assert "offbroadway.daemon.core.reactions" in edges["offbroadway.daemon.shell.app"]
 
 
 def test_the_cycle_finder_finds_a_hidden_circle() -> None:

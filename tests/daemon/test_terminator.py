@@ -4,10 +4,10 @@ ending it, the deadline, and ``--until-idle``'s idle signal."""
 
 from __future__ import annotations
 
-from offbroadway.daemon import topology as topo_mod
-from offbroadway.daemon.config import validate
-from offbroadway.daemon.reactions import Reactions
-from offbroadway.daemon.terminator import Phase, Terminator
+from offbroadway.daemon.config.load import validate
+from offbroadway.daemon.core import topology as topo_mod
+from offbroadway.daemon.core.reactions import Reactions
+from offbroadway.daemon.core.terminator import Phase, Terminator
 from offbroadway.stages.wire import commands
 
 

@@ -8,8 +8,8 @@ import asyncio
 import os
 import signal
 
-from offbroadway.daemon import topology as topo_mod
-from offbroadway.daemon.config import validate
+from offbroadway.daemon.config.load import validate
+from offbroadway.daemon.core import topology as topo_mod
 from offbroadway.supervision import Strategy, Supervisor, SupervisorSpec
 from offbroadway.supervision.tree import walk
 
