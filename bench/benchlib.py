@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 from offbroadway.daemon.config.names import role_of
-from offbroadway.daemon.spark.server import free_port  # noqa: F401 (re-exported: one definition)
+from offbroadway.daemon.spark.settings import free_port  # noqa: F401 (re-exported: one definition)
 from offbroadway.supervision.tree import snapshot_nodes
 
 REPO = Path(__file__).resolve().parent.parent

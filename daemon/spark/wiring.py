@@ -35,7 +35,7 @@ from offbroadway.stages.spark import spark_remote
 from offbroadway.supervision.spec import Restart, WorkerSpec
 
 from ..config.load import SparkConfig
-from .server import ARGV, ServerSettings, free_port
+from .settings import ARGV, ServerSettings, free_port
 
 SPARK_CHILD_ID = "spark"
 

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from offbroadway.daemon.spark.server import SUBMIT_CLASS, Cds, cds_folder, without_conf_dir
+from offbroadway.daemon.spark.jvm import SUBMIT_CLASS, Cds, cds_folder, without_conf_dir
 
 from tests.conftest import wait_until
 from tests.spark.conftest import start_server

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from offbroadway.daemon.spark.server import ARGV, ServerSettings
+from offbroadway.daemon.spark.settings import ARGV, ServerSettings
 from offbroadway.daemon.spark.wiring import plan
 
 from tests.spark.conftest import spark_config
