@@ -222,7 +222,7 @@ def _collect(proc: subprocess.Popen) -> dict[str, Any]:
 
 
 def start_server(root: Path) -> tuple[subprocess.Popen, dict[str, str], int, float]:
-    from offbroadway.daemon.config.load import SparkConfig
+    from offbroadway.daemon.config.records import SparkConfig
     from offbroadway.daemon.spark.wiring import plan
     from offbroadway.supervision.child import NOTIFY_FD_ENV
 

@@ -17,7 +17,7 @@ from ..config.names import PRODUCER, role_of
 from . import control
 
 if TYPE_CHECKING:
-    from ..config.load import Config
+    from ..config.records import Config
 
 EXIT_CONFIG = 2
 

@@ -12,7 +12,7 @@ import json
 import socket
 from typing import Any
 
-CONTROL_SOCKET = "control.sock"
+from ..config.records import CONTROL_SOCKET  # noqa: F401  (the socket's name, for the CLI's callers)
 
 
 class ControlError(RuntimeError):

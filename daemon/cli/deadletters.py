@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from offbroadway.stages.sources import get_source
 from offbroadway.stages.sources.deadletters import DeadLetter, DeadLetterBox, DeadLetterError
 
-from ..config.load import Config
+from ..config.records import Config
 
 RECORD = "dead-letters-replayed.jsonl"
 #: characters of a letter's body ``show`` prints

@@ -25,7 +25,7 @@ import os
 import sys
 from typing import Any
 
-from ..config.load import Config
+from ..config.records import Config
 
 #: sources whose message data is the payload's bytes (decoded by their ``decode`` option)
 BYTES_SOURCES = ("rabbitmq", "nats")

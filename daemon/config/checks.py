@@ -14,7 +14,8 @@ from typing import Any
 
 from offbroadway.stages.runtime.redact import mask_url
 
-from .load import SOURCES, Config, ConfigError
+from .load import ConfigError
+from .records import SOURCES, Config
 
 
 def check_source(config: Config) -> list[str]:

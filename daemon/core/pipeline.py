@@ -33,8 +33,8 @@ from offbroadway.supervision import (
     Supervisor,
 )
 
-from ..config.load import Config
 from ..config.names import BATCH_PROCESSOR, committer_id, key_of, role_of
+from ..config.records import Config
 from . import outcome as outcome_mod
 from . import stopbudget
 from .reactions import Reactions, Send

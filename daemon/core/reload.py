@@ -24,7 +24,7 @@ from typing import Any
 
 from offbroadway.stages.runtime.redact import MASK, mask_value
 
-from ..config.load import PROCESSOR_KEY, Config
+from ..config.records import PROCESSOR_KEY, Config
 from . import resize
 
 #: the keys a reload applies (``<key>`` is any batcher)

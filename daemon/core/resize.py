@@ -48,8 +48,9 @@ from dataclasses import dataclass
 
 from offbroadway.supervision.tree import SpecTree
 
-from ..config.load import PROCESSOR_KEY, Config, ConfigError, check_socket_paths
+from ..config.load import ConfigError
 from ..config.names import index_of
+from ..config.records import PROCESSOR_KEY, Config, check_socket_paths
 from .topology import Topology
 
 USAGE = "offbroadway scale processors N | offbroadway scale batch_processors KEY N"

@@ -21,7 +21,7 @@ from offbroadway.supervision.spec import BRUTAL_KILL, INFINITY, ChildSpec, Worke
 from offbroadway.supervision.tree import stop_bound, walk
 
 if TYPE_CHECKING:
-    from ..config.load import Config
+    from ..config.records import Config
 
 #: SIGKILL to reaped, per worker: the kernel frees a big process (a JVM) in well under this.
 KILL_SLACK = 1.0

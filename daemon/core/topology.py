@@ -35,7 +35,6 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
-from offbroadway.daemon.config.load import BatcherConfig, Config, batch_demand
 from offbroadway.daemon.config.names import (
     BATCH_PROCESSOR,
     BATCHER,
@@ -48,6 +47,7 @@ from offbroadway.daemon.config.names import (
     processor_ids,
     producer_ids,
 )
+from offbroadway.daemon.config.records import BatcherConfig, Config, batch_demand
 from offbroadway.stages.runtime.logs import FORMAT_ENV, LEVEL_ENV
 from offbroadway.stages.runtime.spec import PROCESSOR_KEY, STAGE_ENV, StageSpec
 from offbroadway.stages.sources import sized_options, window_max, window_option

@@ -29,8 +29,7 @@ from offbroadway.stages.runtime import redact
 from offbroadway.stages.wire import commands
 from offbroadway.supervision import ChildExited, Supervisor
 
-from ..cli import control
-from ..config.load import Config
+from ..config.records import CONTROL_SOCKET, Config
 from ..core.pipeline import Effects, PipelineState, TreeHandle
 from ..core.poison import read_blame
 from ..core.reactions import Send
@@ -198,7 +197,7 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
         name = self.config.pipeline.name
         self.control = await control_server.serve(
-            os.path.join(rt.dir, control.CONTROL_SOCKET), self.operator.handle)
+            os.path.join(rt.dir, CONTROL_SOCKET), self.operator.handle)
         try:
             self.notifier.status(f"starting pipeline {name}")
             if not await self._start_unless_stopped():
@@ -307,7 +306,7 @@ class Daemon:
 
     def _remove_sockets(self) -> None:
         """A clean exit leaves no socket behind (every stage is stopped by now)."""
-        from ..config.load import socket_paths
+        from ..config.records import socket_paths
 
         for path in socket_paths(self.config):
             try:

@@ -17,8 +17,8 @@ import time
 from offbroadway.stages.wire import commands
 from offbroadway.supervision import SupervisionError
 
-from ..config.load import Config
-from ..config.load import warnings as config_warnings
+from ..config.records import Config
+from ..config.records import warnings as config_warnings
 from ..core import resize as resize_mod
 from ..core import topology as topo_mod
 from ..core.pipeline import PipelineState, Shell, TreeHandle, adopt

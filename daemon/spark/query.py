@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config.load import Config
+from ..config.records import Config
 
 #: what the session is set to besides the catalog: bound to loopback (the hostname resolves
 #: elsewhere on some machines), no UI, and timestamps shown in UTC as the daemon wrote them

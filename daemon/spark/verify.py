@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ..config.load import Config
+from ..config.records import Config
 from .query import open_session, read, session_plan
 
 

@@ -34,7 +34,7 @@ from typing import Any, Callable
 from offbroadway.stages.spark import spark_remote
 from offbroadway.supervision.spec import Restart, WorkerSpec
 
-from ..config.load import SparkConfig
+from ..config.records import SparkConfig
 from .settings import ARGV, ServerSettings, free_port
 
 SPARK_CHILD_ID = "spark"

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from offbroadway.daemon.config.load import SparkConfig
+from offbroadway.daemon.config.records import SparkConfig
 from offbroadway.daemon.spark.wiring import plan
 from offbroadway.supervision.child import NOTIFY_FD_ENV
 
