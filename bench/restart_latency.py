@@ -31,7 +31,7 @@ from offbroadway.supervision import (
     WorkerSpec,
 )
 from offbroadway.supervision import process as process_mod
-from offbroadway.supervision.linux import spawn as spawn_mod
+from offbroadway.supervision import spawn as spawn_mod
 
 LOOP = ("import time\nwhile True:\n    child.heartbeat()\n    time.sleep(1)\n")
 WORKERS = {

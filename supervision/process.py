@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import psutil
 
 from .linux import exitwatch
-from .linux.spawn import spawn
+from .spawn import spawn
 from .spec import BRUTAL_KILL, INFINITY, Shutdown, WorkerSpec
 
 log = logging.getLogger("offbroadway.supervision")

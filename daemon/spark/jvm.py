@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from offbroadway.supervision.linux.spawn import die_with
+from offbroadway.supervision.spawn import die_with
 
 from .settings import HOST, ServerSettings
 

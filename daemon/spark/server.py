@@ -68,7 +68,7 @@ from pathlib import Path
 from offbroadway.stages.runtime import logs
 from offbroadway.stages.spark.spark_remote import ENV_TOKEN
 from offbroadway.supervision import child
-from offbroadway.supervision.linux.spawn import die_with
+from offbroadway.supervision.spawn import die_with
 
 from .jvm import (
     ENV_CDS,

@@ -1,3 +1,3 @@
-"""The Linux mechanisms under a supervised process: fork/exec that cannot outlive its
-supervisor (PDEATHSIG, process groups), the guardian that kills what a dead supervisor
-left behind, and learning of a child's exit without polling (pidfd, SIGCHLD)."""
+"""Two kernel mechanisms a supervisor stands on, each self-contained (standard library only,
+nothing else of the package): learning of a child's exit without polling (pidfd, SIGCHLD),
+and the guardian that kills what a dead supervisor's children left behind."""

@@ -11,7 +11,7 @@ import sys
 
 import psutil
 import pytest
-from offbroadway.supervision.linux import spawn as spawn_mod
+from offbroadway.supervision import spawn as spawn_mod
 
 from tests.conftest import wait_until
 
