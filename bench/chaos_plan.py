@@ -45,9 +45,9 @@ def spec_tree(config_path: str) -> Any:
     """The supervision tree the daemon builds from this config (its root SupervisorSpec),
     so strategies and intensities are read, not assumed."""
     from offbroadway.daemon.config.load import load_config
-    from offbroadway.daemon.core import topology
+    from offbroadway.daemon.spark.wiring import wired
 
-    return topology.wired(load_config(config_path).config).root
+    return wired(load_config(config_path).config).root
 
 
 def charged_supervisor(root: Any, child_id: str) -> tuple[Any, str]:

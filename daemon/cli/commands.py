@@ -58,10 +58,10 @@ def _fail(message: str, code: int = 1) -> NoReturn:
 
 def cmd_check(args: argparse.Namespace) -> int:
     config, notes = _load(args.config, full=True)
-    from ..core.stopbudget import of_config
+    from ..spark.wiring import stop_budget
 
     print(f"{args.config}: ok (pipeline {config.pipeline.name}; a stop takes at most "
-          f"{of_config(config):g} s)")
+          f"{stop_budget(config):g} s)")
     window = _auto_window_line(config)
     if window:
         print(f"  {window}")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from offbroadway.stages.flow import ratelimit
 from offbroadway.stages.runtime.spec import PROCESSOR_KEY
@@ -40,10 +40,7 @@ from . import stopbudget
 from .reactions import Reactions, Send
 from .status import Board
 from .terminator import Terminator
-from .topology import Topology, Wiring
-
-if TYPE_CHECKING:
-    from ..observe.timeline import Timeline
+from .topology import Topology
 
 
 @dataclass(frozen=True)
@@ -56,9 +53,11 @@ class Effects:
     idle: bool = False
 
 
-def stop_budget(config: Config) -> float:
-    """The longest a stop of ``config``'s pipeline can take (see :mod:`.stopbudget`)."""
-    return stopbudget.of_config(config)
+class Wiring(Protocol):
+    """How the daemon builds a config's tree: :func:`.topology.build` wired to its one
+    Spark server (:class:`..spark.wiring.Wiring`)."""
+
+    def build(self, config: Config) -> Topology: ...
 
 
 class PipelineState:
@@ -302,10 +301,17 @@ async def adopt(state: PipelineState, tree: TreeHandle, config: Config,
     return state.adopt(config, topology)
 
 
+class History(Protocol):
+    """Where the shell keeps what happened, for the live page
+    (:class:`..observe.timeline.Timeline`)."""
+
+    def add(self, kind: str, what: str, reason: str = "") -> None: ...
+
+
 class Shell(Protocol):
     """What the operator's verbs and a resize ask of the daemon's shell (:mod:`..shell.app`)."""
 
-    timeline: Timeline
+    timeline: History
     rate_limit: ratelimit.SharedRateLimit | None
 
     @property

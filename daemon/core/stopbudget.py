@@ -9,8 +9,9 @@ it to systemd in full when a stop begins (``EXTEND_TIMEOUT_USEC``) and enforces 
 still stopping when its share runs out is SIGKILLed, so systemd never has to.
 
 This module is the one place the figure is computed: the daemon (:mod:`.pipeline`),
-``offbroadway check`` (:func:`of_config`) and the example in docs/operations.md
-(:func:`explain`, held equal by tests/daemon/test_stopbudget.py) all take it from here.
+``offbroadway check`` (:func:`..spark.wiring.stop_budget`, over the tree as the daemon
+wires it) and the example in docs/operations.md (:func:`explain`, held equal by
+tests/daemon/test_stopbudget.py) all take it from here.
 """
 
 from __future__ import annotations
@@ -35,22 +36,13 @@ def total(shutdown_timeout: float, root: ChildSpec) -> float:
     return float(shutdown_timeout) + stop_bound(root, KILL_SLACK) + MARGIN
 
 
-def of_config(config: Config) -> float:
-    """The stop budget of ``config``'s pipeline, as the daemon running it computes it."""
-    from .topology import wired
-
-    return total(config.pipeline.shutdown_timeout, wired(config).root)
-
-
-def explain(config: Config) -> str:
+def explain(config: Config, root: ChildSpec) -> str:
     """The budget's terms, for people: ``60 s drain + 61 s batch processor + … + 5 s for
     the daemon = 227 s`` (each stage's grace plus :data:`KILL_SLACK`; when a supervisor's
     own shutdown caps its subtree the stages' sum is more than the tree's bound, and the
     line says so)."""
     from ..config.names import role_of
-    from .topology import wired
 
-    root = wired(config).root
     terms: dict[tuple[str, float], int] = {}
     for spec in walk(root):
         if isinstance(spec, WorkerSpec):

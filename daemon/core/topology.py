@@ -231,42 +231,9 @@ def auto_prefetch(config: Config) -> int:
     return auto_window(config).prefetch
 
 
-class Wiring:
-    """The daemon's recipe for its tree: :func:`build` with this daemon's one Spark server,
-    planned once (the address and token its committers read belong to the incarnation
-    that runs), so a resize's or a reload's tree is wired to the same server; each stage
-    starts with the log settings of the config its spec was built from."""
-
-    def __init__(self, config: Config) -> None:
-        self.spark_child: WorkerSpec | None = None
-        self.committer_env: Callable[[], dict[str, str]] | None = None
-        #: what the committers are handed (None: no Spark sink)
-        self.spark_settings: dict | None = None
-        if config.spark is not None:
-            from ..spark.wiring import plan  # the Spark wiring; pyspark itself stays in the stages
-
-            rt = config.runtime
-            spark = plan(config.spark, runtime_dir=rt.dir, state_dir=rt.state_dir,
-                         log_env=log_env(config))
-            self.spark_child, self.committer_env = spark.child, spark.committer_env
-            self.spark_settings = spark.settings
-
-    def build(self, config: Config) -> Topology:
-        """``config``'s tree, wired to this daemon's Spark server."""
-        env = log_env(config)
-        return build(config, stage_env=lambda _sid: env, spark_child=self.spark_child,
-                     committer_env=self.committer_env, spark_settings=self.spark_settings)
-
-
 def log_env(config: Config) -> dict[str, str]:
     """What every process of the pipeline is told about logging (level and format)."""
     return {LEVEL_ENV: config.runtime.log_level, FORMAT_ENV: config.runtime.log_format}
-
-
-def wired(config: Config) -> Topology:
-    """``config``'s tree as a daemon would run it, Spark server included (the stop budget,
-    the chaos bench's predictions)."""
-    return Wiring(config).build(config)
 
 
 def build(config: Config, *, stage_env: Callable[[str], dict[str, str]] | None = None,

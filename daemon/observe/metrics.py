@@ -3,7 +3,7 @@
 Stages write their counters, gauges and histograms into ``PROMETHEUS_MULTIPROC_DIR``
 (``offbroadway.stages.runtime.metrics``); the daemon aggregates them at scrape time and adds what
 only it knows, computed fresh per scrape from the supervision tree and /proc
-(:func:`..core.status.usage`, the walk ``status`` uses too): children up, restarts, RSS and CPU
+(:func:`.usage.usage`, the walk ``status`` uses too): children up, restarts, RSS and CPU
 per child, and the daemon's own RSS, CPU and build.  The directory is wiped when the
 daemon starts (files of a previous run would otherwise be summed in), and a dead child's
 files are folded into per-type archives (:mod:`.metricsdir`), so it stays bounded through
@@ -29,9 +29,8 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 from offbroadway.stages.runtime.metrics import MULTIPROC_ENV
 from offbroadway.supervision.tree import snapshot_nodes
 
-from ..core import status
 from ..spark.wiring import SPARK_CHILD_ID
-from . import metricsdir
+from . import metricsdir, usage
 
 log = logging.getLogger("offbroadway.daemon.observe.metrics")
 
@@ -74,7 +73,7 @@ class TreeCollector:
             labels = (self.pipeline, node["id"], node["kind"])
             up.add_metric(labels, 1.0 if node["state"] == "running" else 0.0)
             restarts.add_metric(labels, float(node.get("restarts", 0)))
-        for node, (rss_bytes, cpu_seconds) in status.usage(tree, SPARK_CHILD_ID):
+        for node, (rss_bytes, cpu_seconds) in usage.usage(tree, SPARK_CHILD_ID):
             labels = (self.pipeline, node["id"], node["kind"])
             rss.add_metric(labels, float(rss_bytes))
             cpu.add_metric(labels, cpu_seconds)
@@ -102,7 +101,7 @@ class DaemonCollector:
                                  labels=("pipeline", "version", "python"))
         info.add_metric(self.build, 1.0)
         yield info
-        figures = status.process_usage(os.getpid())
+        figures = usage.process_usage(os.getpid())
         if figures is None:
             return
         rss = GaugeMetricFamily("offbroadway_daemon_resident_memory_bytes",

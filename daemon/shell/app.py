@@ -34,9 +34,9 @@ from ..core.pipeline import Effects, PipelineState, TreeHandle
 from ..core.poison import read_blame
 from ..core.reactions import Send
 from ..core.terminator import Phase
-from ..core.topology import Wiring
-from ..observe import metrics, web
+from ..observe import metrics, usage, web
 from ..observe.timeline import Timeline
+from ..spark.wiring import Wiring
 from . import control_server, reloader, runlock
 from .drainer import Drainer
 from .hub import Hub
@@ -355,8 +355,11 @@ class Daemon:
         return self.drainer.wait_for(predicate, deadline)
 
     def status(self) -> dict:
-        """What ``offbroadway status`` answers (:meth:`PipelineState.status`)."""
-        return self.state.status(
+        """What ``offbroadway status`` answers (:meth:`PipelineState.status`), each
+        process's memory and CPU added (:func:`..observe.usage.annotate`)."""
+        answer = self.state.status(
             self.root.snapshot(), paused=self.operator.paused,
             rate_limit=ratelimit.describe(self.rate_bucket()), stopping=self._stop.is_set(),
             pid=os.getpid(), uptime=time.time() - self.started_at)
+        usage.annotate(answer["tree"], self.state.topology.spark)
+        return answer

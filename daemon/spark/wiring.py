@@ -1,6 +1,8 @@
-"""Spark wiring: the ``[spark]`` config section → the ``spark`` child and the sink settings.
+"""Spark wiring: the ``[spark]`` config section → the ``spark`` child and the sink settings,
+and the daemon's tree wired to that child (:class:`Wiring`).
 
-The daemon calls :func:`plan` once and hands the result to the topology builder:
+:class:`Wiring` calls :func:`plan` once and hands the result to the topology builder
+(:func:`..core.topology.build`, which knows the child only as a worker spec):
 
 * ``child``: the local Spark Connect server's :class:`WorkerSpec` (``None`` when the config
   names a ``remote``).  Its ``env`` is a callable the supervisor evaluates at every start,
@@ -34,7 +36,9 @@ from typing import Any, Callable
 from offbroadway.stages.spark import spark_remote
 from offbroadway.supervision.spec import Restart, WorkerSpec
 
-from ..config.records import SparkConfig
+from ..config.records import Config, SparkConfig
+from ..core import stopbudget
+from ..core.topology import Topology, build, log_env
 from .settings import ARGV, ServerSettings, free_port
 
 SPARK_CHILD_ID = "spark"
@@ -179,3 +183,40 @@ def plan(spark: SparkConfig, *, runtime_dir: str, state_dir: str,
         shutdown=SHUTDOWN, start_timeout=START_TIMEOUT, heartbeat_timeout=HEARTBEAT_TIMEOUT,
         meta={"role": "spark", "dir": spark_dir})
     return SparkPlan(child=child, committer_env=committer_env, settings=settings)
+
+
+class Wiring:
+    """The daemon's recipe for its tree: :func:`..core.topology.build` with this daemon's
+    one Spark server, planned once (the address and token its committers read belong to
+    the incarnation that runs), so a resize's or a reload's tree is wired to the same
+    server; each stage starts with the log settings of the config its spec was built from."""
+
+    def __init__(self, config: Config) -> None:
+        self.spark_child: WorkerSpec | None = None
+        self.committer_env: Callable[[], dict[str, str]] | None = None
+        #: what the committers are handed (None: no Spark sink)
+        self.spark_settings: dict | None = None
+        if config.spark is not None:
+            rt = config.runtime
+            spark = plan(config.spark, runtime_dir=rt.dir, state_dir=rt.state_dir,
+                         log_env=log_env(config))
+            self.spark_child, self.committer_env = spark.child, spark.committer_env
+            self.spark_settings = spark.settings
+
+    def build(self, config: Config) -> Topology:
+        """``config``'s tree, wired to this daemon's Spark server."""
+        env = log_env(config)
+        return build(config, stage_env=lambda _sid: env, spark_child=self.spark_child,
+                     committer_env=self.committer_env, spark_settings=self.spark_settings)
+
+
+def wired(config: Config) -> Topology:
+    """``config``'s tree as a daemon would run it, Spark server included (the stop budget,
+    the chaos bench's predictions)."""
+    return Wiring(config).build(config)
+
+
+def stop_budget(config: Config) -> float:
+    """The longest a stop of ``config``'s pipeline can take, as the daemon running it
+    computes it (:mod:`..core.stopbudget`, over the tree :func:`wired` gives)."""
+    return stopbudget.total(config.pipeline.shutdown_timeout, wired(config).root)

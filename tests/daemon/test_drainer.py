@@ -10,12 +10,12 @@ import time
 
 from offbroadway.daemon.config.load import validate
 from offbroadway.daemon.core import outcome
-from offbroadway.daemon.core import topology as topo_mod
 from offbroadway.daemon.core.pipeline import PipelineState
 from offbroadway.daemon.core.reactions import Send
 from offbroadway.daemon.core.terminator import Phase
 from offbroadway.daemon.shell.drainer import Drainer
 from offbroadway.daemon.shell.notify import Notifier
+from offbroadway.daemon.spark.wiring import Wiring
 from offbroadway.stages.wire import commands
 
 
@@ -27,7 +27,7 @@ def _state(shutdown_timeout: float = 5.0) -> PipelineState:
         "batchers": {"b": {"batch_size": 10}},
         "runtime": {"dir": "/tmp/ob-run"},
     }).config
-    return PipelineState(config, topo_mod.Wiring(config))
+    return PipelineState(config, Wiring(config))
 
 
 class _Tree:

@@ -9,8 +9,8 @@ import dataclasses
 
 from offbroadway.daemon.config.load import validate
 from offbroadway.daemon.core import stopbudget
-from offbroadway.daemon.core import topology as topo_mod
-from offbroadway.daemon.core.pipeline import PipelineState, TreeHandle, adopt, stop_budget
+from offbroadway.daemon.core.pipeline import PipelineState, TreeHandle, adopt
+from offbroadway.daemon.spark.wiring import Wiring, stop_budget
 from offbroadway.stages.runtime.logs import LEVEL_ENV
 from offbroadway.stages.runtime.spec import STAGE_ENV, StageSpec
 from offbroadway.stages.wire import commands
@@ -29,7 +29,7 @@ def _config(processors: int = 2, batch_size: int = 10):
 
 def _state(config=None) -> PipelineState:
     config = config or _config()
-    return PipelineState(config, topo_mod.Wiring(config))
+    return PipelineState(config, Wiring(config))
 
 
 def _spec_of(tree: TreeHandle, sid: str) -> StageSpec:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from offbroadway.daemon.config.load import load_config
 from offbroadway.daemon.core import stopbudget
-from offbroadway.daemon.core.pipeline import stop_budget
+from offbroadway.daemon.spark.wiring import stop_budget, wired
 from offbroadway.supervision.spec import BRUTAL_KILL, Strategy, SupervisorSpec, WorkerSpec
 from offbroadway.supervision.tree import stop_bound
 
@@ -44,13 +44,14 @@ def test_check_and_the_docs_quote_the_one_budget(tmp_path):
 
     example = REPO / "config" / "example.toml"
     config = load_config(str(example)).config
-    budget = stopbudget.of_config(config)
+    root = wired(config).root
+    budget = stopbudget.total(config.pipeline.shutdown_timeout, root)
     assert budget == stop_budget(config)
     doc = (REPO / "docs" / "operations.md").read_text()
     quoted = re.findall(r"a stop takes at most (\d+) s", doc)
     assert quoted and {float(q) for q in quoted} == {budget}
-    assert f"(the example config: {stopbudget.explain(config)};" in " ".join(doc.split())
-    assert stopbudget.explain(config).endswith(f"= {budget:g} s")
+    assert f"(the example config: {stopbudget.explain(config, root)};" in " ".join(doc.split())
+    assert stopbudget.explain(config, root).endswith(f"= {budget:g} s")
     (tmp_path / "spool").mkdir()     # the example's, where this check can find one
     copy = tmp_path / "example.toml"
     copy.write_text(example.read_text().replace('path = "var/spool"',
