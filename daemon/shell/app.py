@@ -8,6 +8,10 @@ the running pipeline's state (:mod:`..core.pipeline`: the reactions of :mod:`..c
 terminator, the board); this module delivers what it decides, with the I/O it needs
 (the blame records, the metrics dir, the hub), and runs the pipeline until a stop, a
 give-up or, under ``--until-idle``, the end of the source.
+
+Its parts (the lock, /metrics, the rate limit, the hub, the control socket, the tree...)
+are :class:`~.steps.Step` s, each naming what it requires: they start in that order and
+stop in reverse, and a part that failed to start is not stopped (:meth:`Daemon.steps`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import signal
 import stat
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from offbroadway.stages.flow import ratelimit
 from offbroadway.stages.flow.ratelimit import SharedRateLimit
@@ -43,6 +48,7 @@ from .hub import Hub
 from .notify import Notifier
 from .operator import Operator
 from .resizer import Resizer
+from .steps import Step, Steps
 
 log = logging.getLogger("offbroadway.daemon")
 
@@ -82,6 +88,27 @@ class Daemon:
         self._background: set[asyncio.Future] = set()
         #: restarts, crashes, reloads and operator verbs, for the live page (:mod:`..observe.web`)
         self.timeline = Timeline()
+        rt = config.runtime
+        #: the root supervisor: objects until the tree step starts it
+        self.root = Supervisor(self.state.topology.root, on_event=self.on_event)
+        self.tree = TreeHandle(self.root)
+        self.drainer = Drainer(self.state, self.tree, self.notifier, self.send,
+                               self._stop.is_set, self.until_idle)
+        #: carries out resizes (offbroadway scale, a reload's concurrency)
+        self.resizer = Resizer(self.state, self.tree, self)
+        #: the control socket's verbs (offbroadway status, stop, restart, drain...)
+        self.operator = Operator(self.state, self.tree, self, self.resizer)
+        # -- what the steps make (None until their start)
+        self._lock: runlock.RunLock | None = None
+        self.metrics_dir = os.path.join(rt.dir, "metrics")
+        self.metrics_server: Any = None
+        self.hub: Hub | None = None
+        self.control: Any = None          # the control socket's server
+        #: the tree came up: set once the pipeline is running (housekeeping waits for it)
+        self._running = asyncio.Event()
+        #: whether the tree step's start brought the pipeline up
+        self._tree_up = False
+        self.steps = Steps(self._steps())
 
     @property
     def config(self) -> Config:
@@ -139,22 +166,49 @@ class Daemon:
                             s.command.NAME, getattr(s.command, "reason", "") or
                             "it is brought up to date when it says hello")
 
-    # -- run --------------------------------------------------------------------------------
-    async def run(self) -> int:
-        # the last line of defence: a secret of the config that a message quotes anyway
-        # (a client library's error, a handler's) is masked on every log line
-        redact.install_filter(config_secrets(self.config))
+    # -- the parts, started in order and stopped in reverse ---------------------------------
+    def _steps(self) -> list[Step]:
+        """The daemon's parts, declared in start order; each names what it requires."""
+        return [
+            # first: a second daemon on this dir touches nothing
+            Step("lock", self._take_lock, self._release_lock),
+            Step("dirs", self._prepare_dirs, requires=("lock",)),
+            # /metrics binds before anything else listens: a port in use leaves nothing
+            Step("metrics", self._serve_metrics, self._stop_metrics, requires=("lock",)),
+            # before any producer starts: each maps it at setup
+            Step("rate_limit", self._create_rate_limit, self._remove_rate_limit,
+                 requires=("lock",)),
+            # the sockets are removed once what binds them is closed (the stages' too)
+            Step("sockets", stop=self._remove_sockets, requires=("lock",)),
+            Step("hub", self._start_hub, self._close_hub, requires=("sockets",)),
+            Step("signals", self._handle_signals),
+            Step("control", self._serve_control, self._close_control,
+                 requires=("sockets", "signals")),
+            # the watchdog keeps being told through the tree's whole stop
+            Step("housekeeping", self._start_housekeeping, self._stop_housekeeping),
+            Step("tree", self._start_tree, self._stop_tree,
+                 requires=("dirs", "metrics", "rate_limit", "hub", "control", "housekeeping")),
+        ]
+
+    def _take_lock(self) -> None:
         rt = self.config.runtime
         runlock.prepare_private_dir(rt.dir)
-        lock = runlock.acquire(rt.dir)   # first: a second daemon on this dir touches nothing
-        try:
-            return await self._run()
-        finally:
-            lock.release()
+        self._lock = runlock.acquire(rt.dir)
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+
+    def _prepare_dirs(self) -> None:
+        rt = self.config.runtime
+        os.makedirs(rt.state_dir, mode=0o700, exist_ok=True)
+        # poison strikes outlive a producer's restart, not the daemon's run
+        poison_books.clear(rt.dir)
 
     def _serve_metrics(self) -> None:
         """Bind /metrics before anything else listens: a port in use leaves nothing behind."""
-        self.metrics_dir = os.path.join(self.config.runtime.dir, "metrics")
+        if not self.config.metrics.listen:
+            return
         metrics.prepare_dir(self.metrics_dir)   # before any stage starts
         try:
             # the HTTP thread reads a copy refreshed on the loop, never the live tree
@@ -167,86 +221,114 @@ class Daemon:
             shutil.rmtree(self.metrics_dir, ignore_errors=True)
             raise
 
-    def rate_bucket(self) -> ratelimit.Bucket:
-        """The shared rate limit as /metrics reads it (off until the daemon made it)."""
-        return self.rate_limit.read() if self.rate_limit is not None else ratelimit.Bucket()
+    def _stop_metrics(self) -> None:
+        self.timeline.close()         # the page's open streams end
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
 
-    async def _run(self) -> int:
-        rt = self.config.runtime
-        os.makedirs(rt.state_dir, mode=0o700, exist_ok=True)
-        # poison strikes outlive a producer's restart, not the daemon's run
-        poison_books.clear(rt.dir)
-        self.metrics_server = None
-        self.root = Supervisor(self.state.topology.root, on_event=self.on_event)
-        self.tree = TreeHandle(self.root)
-        self.drainer = Drainer(self.state, self.tree, self.notifier, self.send,
-                               self._stop.is_set, self.until_idle)
-        #: carries out resizes (offbroadway scale, a reload's concurrency)
-        self.resizer = Resizer(self.state, self.tree, self)
-        #: the control socket's verbs (offbroadway status, stop, restart, drain...)
-        self.operator = Operator(self.state, self.tree, self, self.resizer)
-        if self.config.metrics.listen:
-            self._serve_metrics()
-        # before any producer starts: each maps it at setup
-        self.rate_limit = SharedRateLimit.create(rt.dir, self.config.producer.rate_limit)
-        self.hub = Hub(rt.dir, self.on_report)
+    def _create_rate_limit(self) -> None:
+        self.rate_limit = SharedRateLimit.create(self.config.runtime.dir,
+                                                 self.config.producer.rate_limit)
+
+    def _remove_rate_limit(self) -> None:
+        if self.rate_limit is not None:
+            self.rate_limit.remove()
+
+    def _start_hub(self) -> None:
+        self.hub = Hub(self.config.runtime.dir, self.on_report)
         self.hub.start()
+
+    def _close_hub(self) -> None:
+        if self.hub is not None:
+            self.hub.close()
+
+    def _handle_signals(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop, sig.name)
         loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
-        name = self.config.pipeline.name
+
+    async def _serve_control(self) -> None:
         self.control = await control_server.serve(
-            os.path.join(rt.dir, CONTROL_SOCKET), self.operator.handle)
-        try:
-            self.notifier.status(f"starting pipeline {name}")
-            if not await self._start_unless_stopped():
-                return 0 if self._stop.is_set() else 1
-            self._announce_up()
-            self.notifier.ready(f"pipeline {name} running")
-            self._housekeeping_task = asyncio.ensure_future(self._housekeeping())
-            while True:
-                waits = {asyncio.ensure_future(self._stop.wait()): "stop",
-                         asyncio.ensure_future(self.root.wait_failed()): "failed"}
-                if self.until_idle:
-                    waits[asyncio.ensure_future(self._idle_event.wait())] = "idle"
-                finished, pending = await asyncio.wait(waits,
-                                                       return_when=asyncio.FIRST_COMPLETED)
-                for fut in pending:
-                    fut.cancel()
-                first = next(iter(finished))
-                if waits[first] == "failed":
-                    reason = first.result()
-                    log.error("pipeline %s gave up: %s", name, reason)
-                    self.notifier.status(f"failed: {reason}")
-                    return 1
-                if waits[first] == "idle":
-                    log.info("pipeline %s: source exhausted; draining (what is in flight is "
-                             "written and acked first)", name)
-                await self.drainer.drain()
-                if self._stop.is_set() or not self.until_idle:
-                    return 0   # a stop: what is not done stays unacked, delivered again
-                if self.state.terminator.phase is Phase.REQUEUED:
-                    self._idle_event.clear()
-                    await self.drainer.run_again()
-                    continue
-                return self.drainer.until_idle_exit()
-        finally:
-            self.notifier.stopping()
-            self.drainer.announce_stop()
-            await self.drainer.stop_tree(self.root)
-            self._clear_staging()
-            if self._housekeeping_task is not None:
-                self._housekeeping_task.cancel()
-            self.timeline.close()         # the page's open streams end
-            if self.metrics_server is not None:
-                self.metrics_server.shutdown()
+            os.path.join(self.config.runtime.dir, CONTROL_SOCKET), self.operator.handle)
+
+    def _close_control(self) -> None:
+        if self.control is not None:
             self.control.close()
-            self.hub.close()
-            self._remove_sockets()
-            if self.rate_limit is not None:
-                self.rate_limit.remove()
-            log.info("pipeline %s stopped", name)
+
+    def _start_housekeeping(self) -> None:
+        self._housekeeping_task = asyncio.ensure_future(self._housekeeping())
+
+    def _stop_housekeeping(self) -> None:
+        if self._housekeeping_task is not None:
+            self._housekeeping_task.cancel()
+
+    async def _start_tree(self) -> None:
+        """Start the supervision tree (unless a stop comes first); it counts as started
+        either way, so that its stop always runs (:meth:`_stop_tree`)."""
+        self.notifier.status(f"starting pipeline {self.config.pipeline.name}")
+        self._tree_up = await self._start_unless_stopped()
+
+    async def _stop_tree(self) -> None:
+        self.notifier.stopping()
+        self.drainer.announce_stop()
+        await self.drainer.stop_tree(self.root)
+        self._clear_staging()
+
+    def rate_bucket(self) -> ratelimit.Bucket:
+        """The shared rate limit as /metrics reads it (off until the daemon made it)."""
+        return self.rate_limit.read() if self.rate_limit is not None else ratelimit.Bucket()
+
+    # -- run --------------------------------------------------------------------------------
+    async def run(self) -> int:
+        # the last line of defence: a secret of the config that a message quotes anyway
+        # (a client library's error, a handler's) is masked on every log line
+        redact.install_filter(config_secrets(self.config))
+        name = self.config.pipeline.name
+        try:
+            await self.steps.start()
+            return await self._run()
+        finally:
+            tree_started = "tree" in self.steps.started
+            await self.steps.stop()
+            if tree_started:
+                log.info("pipeline %s stopped", name)
+
+    async def _run(self) -> int:
+        """The pipeline from its start to a stop, a give-up or (``--until-idle``) its end;
+        every part is up (the tree started, or failed to: then the exit code says so)."""
+        name = self.config.pipeline.name
+        if not self._tree_up:
+            return 0 if self._stop.is_set() else 1
+        self._announce_up()
+        self.notifier.ready(f"pipeline {name} running")
+        self._running.set()
+        while True:
+            waits = {asyncio.ensure_future(self._stop.wait()): "stop",
+                     asyncio.ensure_future(self.root.wait_failed()): "failed"}
+            if self.until_idle:
+                waits[asyncio.ensure_future(self._idle_event.wait())] = "idle"
+            finished, pending = await asyncio.wait(waits,
+                                                   return_when=asyncio.FIRST_COMPLETED)
+            for fut in pending:
+                fut.cancel()
+            first = next(iter(finished))
+            if waits[first] == "failed":
+                reason = first.result()
+                log.error("pipeline %s gave up: %s", name, reason)
+                self.notifier.status(f"failed: {reason}")
+                return 1
+            if waits[first] == "idle":
+                log.info("pipeline %s: source exhausted; draining (what is in flight is "
+                         "written and acked first)", name)
+            await self.drainer.drain()
+            if self._stop.is_set() or not self.until_idle:
+                return 0   # a stop: what is not done stays unacked, delivered again
+            if self.state.terminator.phase is Phase.REQUEUED:
+                self._idle_event.clear()
+                await self.drainer.run_again()
+                continue
+            return self.drainer.until_idle_exit()
 
     def _clear_staging(self) -> None:
         """Every stage has stopped: the staged batches are read by nobody now."""
@@ -316,7 +398,9 @@ class Daemon:
                 pass
 
     async def _housekeeping(self) -> None:
-        """Once a second: systemd's watchdog ping and the tree copy /metrics reads."""
+        """Once a second from the pipeline's READY on: systemd's watchdog ping and the
+        tree copy /metrics reads."""
+        await self._running.wait()
         interval = min(1.0, self.notifier.watchdog_interval() or 1.0)
         while True:
             self.tree.refresh()
