@@ -97,7 +97,7 @@ class SparkTarget:
 
 def targets_from_config(config: Any) -> dict[str, SparkTarget]:
     """Each batcher's :class:`SparkTarget` under a config's ``[spark]`` section (``config``:
-    a :class:`offbroadway.daemon.config.Config`): the DDL, else the existing dataset's
+    a :class:`offbroadway.daemon.config.load.Config`): the DDL, else the existing dataset's
     schema read from its files (the dataset path, or a ``table``'s directory in the
     daemon's warehouse), else inferred.  Empty without ``[spark]``."""
     spark = config.spark
@@ -308,7 +308,7 @@ def test_messages(pipeline: Pipeline, data: Iterable[Any], *, context: Any = Non
     batch_bytes: set[str] = set()
     if config is not None:
         if isinstance(config, str):
-            from offbroadway.daemon.config import load_config
+            from offbroadway.daemon.config.load import load_config
 
             config = load_config(config).config
         if batchers is None:

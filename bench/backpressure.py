@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from offbroadway.daemon.names import role_of
+from offbroadway.daemon.config.names import role_of
 from offbroadway.supervision.tree import snapshot_nodes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -259,7 +259,7 @@ def count_rows(dataset: Path) -> tuple[int, int]:
 # -- the run ----------------------------------------------------------------------------------
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from offbroadway.daemon import control
+    from offbroadway.daemon.cli import control
 
     tmp = Path(tempfile.mkdtemp(prefix="obbp-", dir="/tmp"))
     os.chmod(tmp, 0o700)

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from offbroadway.daemon.names import role_of
-from offbroadway.daemon.spark_server import free_port  # noqa: F401 (re-exported: one definition)
+from offbroadway.daemon.config.names import role_of
+from offbroadway.daemon.spark.settings import free_port  # noqa: F401 (re-exported: one definition)
 from offbroadway.supervision.tree import snapshot_nodes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -84,7 +84,7 @@ def wait_alive(what: str, predicate: Callable[[], Any], timeout: float, interval
 
 def status(sock: str) -> dict | None:
     """The daemon's status, or None while it is not up yet or is stopping."""
-    from offbroadway.daemon import control
+    from offbroadway.daemon.cli import control
 
     try:
         return control.request(sock, {"cmd": "status"}, timeout=5)["status"]

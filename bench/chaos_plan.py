@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from offbroadway.daemon import names
+from offbroadway.daemon.config import names
 from offbroadway.supervision.tree import SpecTree, snapshot_lineage, snapshot_nodes
 from offbroadway.supervision.tree import walk as walk_specs
 
@@ -44,10 +44,10 @@ class Kill:
 def spec_tree(config_path: str) -> Any:
     """The supervision tree the daemon builds from this config (its root SupervisorSpec),
     so strategies and intensities are read, not assumed."""
-    from offbroadway.daemon import topology
-    from offbroadway.daemon.config import load_config
+    from offbroadway.daemon.config.load import load_config
+    from offbroadway.daemon.spark.wiring import wired
 
-    return topology.wired(load_config(config_path).config).root
+    return wired(load_config(config_path).config).root
 
 
 def charged_supervisor(root: Any, child_id: str) -> tuple[Any, str]:

@@ -287,7 +287,7 @@ class ChaosRun:
         return time.monotonic() - self.t0
 
     def status(self) -> dict | None:
-        from offbroadway.daemon import control
+        from offbroadway.daemon.cli import control
 
         try:
             reply = control.request(str(self.sock), {"cmd": "status"}, timeout=10)

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from offbroadway.daemon.names import role_of
+from offbroadway.daemon.config.names import role_of
 from offbroadway.supervision.tree import snapshot_nodes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -113,7 +113,7 @@ state_dir = "{tmp}/state"
 
 
 def _status(sock: str) -> dict | None:
-    from offbroadway.daemon import control
+    from offbroadway.daemon.cli import control
 
     try:
         return control.request(sock, {"cmd": "status"}, timeout=5)["status"]
@@ -134,7 +134,7 @@ def _ready(sock: str, producers: int, processors: int) -> bool:
 
 
 def _control(sock: str, cmd: str) -> None:
-    from offbroadway.daemon import control
+    from offbroadway.daemon.cli import control
 
     if not control.request(sock, {"cmd": cmd}, timeout=5).get("ok"):
         raise RuntimeError(f"control command {cmd} refused")

@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parent.parent
 #: PERIOD); runs until its stdin closes, then prints its figures as one JSON line
 CLIENT = r'''
 import json, select, sys, time, urllib.request
-from offbroadway.daemon import control
+from offbroadway.daemon.cli import control
 
 kind, pace = sys.argv[1], float(sys.argv[2])
 target = sys.stdin.readline().strip()      # started before the daemon: told where it is

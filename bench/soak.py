@@ -378,7 +378,7 @@ state_dir = "{self.state_dir}"
 
     # -- talking to the daemon ---------------------------------------------------------------
     def status(self) -> dict | None:
-        from offbroadway.daemon import control
+        from offbroadway.daemon.cli import control
 
         try:
             reply = control.request(self.sock, {"cmd": "status"}, timeout=30)
@@ -387,7 +387,7 @@ state_dir = "{self.state_dir}"
         return reply.get("status") if reply.get("ok") else None
 
     def command(self, payload: dict, timeout: float = 120) -> dict:
-        from offbroadway.daemon import control
+        from offbroadway.daemon.cli import control
 
         try:
             return control.request(self.sock, payload, timeout=timeout)

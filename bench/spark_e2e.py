@@ -11,7 +11,7 @@ The rows are ``--lines`` order lines like ``examples/spool`` (``{"order", "sku",
   directory of its own holding ``var/spool`` (so the config's own relative paths are
   used), with two changes: the metrics listener off and ``[spark] remote`` + ``token_env``
   pointing at one Spark Connect server the bench starts exactly as the daemon starts its
-  own (argv and env from ``offbroadway.daemon.spark.plan``), so every run pays the same
+  own (argv and env from ``offbroadway.daemon.spark.wiring.plan``), so every run pays the same
   warm JVM.  Timed from the daemon's "pipeline … is up" log line (the producer fetches
   from then on) to the modification time of the last Parquet file Spark wrote; rows
   counted in the dataset.  Per stage, the CPU seconds its processes used (sampled from

@@ -7,7 +7,7 @@ One run, same rows everywhere: ``{"seq": n, "payload": <100 chars>}`` as the gen
 source emits them, ids ``producer_0-<n>``.  Per batch size:
 
 * **SparkSink**: a Spark Connect server started exactly as the daemon starts it (argv and
-  env from ``offbroadway.daemon.spark.plan``, ready on the notify pipe), and 1 or 2 writer
+  env from ``offbroadway.daemon.spark.wiring.plan``, ready on the notify pipe), and 1 or 2 writer
   processes (each ``SparkSink.write`` per batch: one Spark job per batch, committed into
   one shared dataset through a staging directory per job).  Timed: ``write()`` only
   (dict → Arrow conversion, Connect transfer, the Spark job and its commit); the
@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from offbroadway.daemon.names import batch_processor_id
+from offbroadway.daemon.config.names import batch_processor_id
 
 REPO = Path(__file__).resolve().parent.parent
 PAYLOAD = ("abcdefghijklmnopqrstuvwxyz0123456789" * 3)[:100]
@@ -222,8 +222,8 @@ def _collect(proc: subprocess.Popen) -> dict[str, Any]:
 
 
 def start_server(root: Path) -> tuple[subprocess.Popen, dict[str, str], int, float]:
-    from offbroadway.daemon.config import SparkConfig
-    from offbroadway.daemon.spark import plan
+    from offbroadway.daemon.config.records import SparkConfig
+    from offbroadway.daemon.spark.wiring import plan
     from offbroadway.supervision.child import NOTIFY_FD_ENV
 
     p = plan(SparkConfig(output=str(root / "out")), runtime_dir=str(root),

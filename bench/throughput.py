@@ -59,7 +59,7 @@ from benchlib import (
     start_daemon,
     statuses,
 )
-from offbroadway.daemon.names import role_of
+from offbroadway.daemon.config.names import role_of
 from offbroadway.supervision.tree import snapshot_nodes
 
 REPO = Path(__file__).resolve().parent.parent

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from . import exitwatch
+from .linux import exitwatch
 from .spawn import spawn
 from .spec import BRUTAL_KILL, INFINITY, Shutdown, WorkerSpec
 

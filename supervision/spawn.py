@@ -41,8 +41,8 @@ import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 
-from . import guardian
 from .child import NOTIFY_FD_ENV, SUPERVISOR_PID_ENV
+from .linux import guardian
 
 METHOD_ENV = "OFFBROADWAY_PDEATHSIG"
 PR_SET_PDEATHSIG = 1

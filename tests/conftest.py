@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 import pytest
-from offbroadway.daemon.spark_server import free_port  # noqa: F401 (re-exported: one definition)
+from offbroadway.daemon.spark.settings import free_port  # noqa: F401 (re-exported: one definition)
 
 REPO = Path(__file__).resolve().parent.parent
 T = TypeVar("T")

@@ -9,20 +9,48 @@ strongly connected set of modules, naming one circle in it.  Imports of a packag
 ``__init__`` that Python performs implicitly (importing ``a.b`` runs ``a``) are not edges:
 only what a module names.
 
-To look at the graph by hand: ``python tests/test_import_graph.py`` prints every edge.
+The same graph, read folder by folder, holds the layout's other facts:
+
+* no circle between the folders of daemon/ and supervision/ either: a folder (a room) is
+  read, tested and moved as a whole only if it does not need one that needs it.  (The
+  folders of stages/ still import each other, runtime/worker.py the roles and the roles
+  the runtime: they join this check once they no longer do.)
+* daemon/'s rooms import one way, in :data:`ROOMS` order: the config knows nothing of the
+  rest, the core only the config, and the CLI is imported by nothing but the entry
+  points (``python -m offbroadway``).
+* the daemon's core does no I/O: none of its modules imports a module that reaches the
+  world (:data:`IO_MODULES`: sockets, processes, signals, threads, files through ``os``);
+  the shell acts on what it decides.
+* no folder holds more than 12 modules and no module is over 600 lines: past that, a
+  folder no longer shows what is in it, and a module does more than one job.
+
+To look at the graph by hand: ``python tests/test_import_graph.py`` prints every edge,
+``--folders`` the edges between folders.
 """
 
 from __future__ import annotations
 
 import ast
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 #: folder -> the package it installs as (setup.cfg's package_dir)
 FOLDERS = {"api": "offbroadway", "daemon": "offbroadway.daemon",
            "stages": "offbroadway.stages", "supervision": "offbroadway.supervision"}
-
+#: the folders checked for circles between folders (see the module's docstring)
+ROOMED = ("daemon", "stages", "supervision")
+#: daemon/'s rooms, each importing only those before it
+ROOMS = ("config", "core", "spark", "observe", "shell", "cli")
+#: where the command line starts: the only modules outside daemon/cli/ that import it
+ENTRY_POINTS = {"offbroadway.__main__"}
+#: what the daemon's core must not import: the ways to reach the world
+IO_MODULES = {"os", "socket", "subprocess", "asyncio", "selectors", "signal", "fcntl",
+              "threading", "multiprocessing", "shutil", "tomllib", "curses", "http",
+              "urllib", "wsgiref", "zmq", "psutil", "pika", "redis", "nats", "pyspark"}
+MAX_MODULES = 12
+MAX_LINES = 600
 
 def modules() -> dict[str, Path]:
     """Every module of the package, by dotted name (packages by their own name)."""
@@ -136,8 +164,8 @@ def _circle(edges: dict[str, set[str]], group: set[str]) -> list[str]:
 
 def test_the_graph_sees_the_package() -> None:
     edges = graph()
-    assert "offbroadway.daemon.app" in edges and "offbroadway.supervision.supervisor" in edges
-    assert "offbroadway.daemon.reactions" in edges["offbroadway.daemon.app"]
+    assert "offbroadway.daemon.shell.app" in edges and "offbroadway.supervision.supervisor" in edges
+    assert "offbroadway.daemon.core.reactions" in edges["offbroadway.daemon.shell.app"]
 
 
 def test_the_cycle_finder_finds_a_hidden_circle() -> None:
@@ -152,7 +180,110 @@ def test_no_module_of_the_package_imports_itself_back() -> None:
         "file, TYPE_CHECKING included):\n" + "\n".join(" -> ".join(c) for c in found)
 
 
+def folder_of(path: Path) -> str:
+    """A module's folder, as the repository names it (``daemon/core``)."""
+    return str(path.parent.relative_to(ROOT))
+
+
+def folder_graph(edges: dict[str, set[str]], known: dict[str, Path]
+                 ) -> tuple[dict[str, set[str]], dict[tuple[str, str], list[str]]]:
+    """Folder -> the folders its modules import, and for each such edge the module edges
+    behind it; what the entry points import is left out (they start everything)."""
+    out: dict[str, set[str]] = {}
+    why: dict[tuple[str, str], list[str]] = {}
+    for module, targets in edges.items():
+        if module in ENTRY_POINTS:
+            continue
+        a = folder_of(known[module])
+        for target in targets:
+            b = folder_of(known[target])
+            if a != b:
+                out.setdefault(a, set()).add(b)
+                why.setdefault((a, b), []).append(f"{module} -> {target}")
+    return out, why
+
+
+def room_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["offbroadway", "daemon"] and len(parts) > 2 else None
+
+
+def test_the_folder_graph_sees_the_rooms() -> None:
+    known = modules()
+    folders, _ = folder_graph(graph(), known)
+    assert "daemon/config" in folders["daemon/core"] and "daemon/core" in folders["daemon/shell"]
+    assert {room_of(m) for m in known} >= set(ROOMS)
+    assert set(ROOMS) == {p.name for p in (ROOT / "daemon").iterdir()
+                          if (p / "__init__.py").exists()}, "a room of daemon/ is not in ROOMS"
+
+
+def test_no_folder_imports_itself_back() -> None:
+    known = modules()
+    folders, why = folder_graph(graph(), known)
+    inside = {a: {b for b in bs if b.split("/")[0] in ROOMED}
+              for a, bs in folders.items() if a.split("/")[0] in ROOMED}
+    found = cycles(inside)
+    assert not found, "folders that import each other:\n" + "\n".join(
+        " -> ".join(c) + "\n    " + "\n    ".join(why[(a, b)][0] for a, b in pairwise(c))
+        for c in found)
+
+
+def test_the_daemon_rooms_import_one_way_and_nothing_imports_the_cli() -> None:
+    back = []
+    for module, targets in graph().items():
+        mine = room_of(module)
+        for target in targets:
+            theirs = room_of(target)
+            if theirs is None or theirs == mine:
+                continue
+            if theirs == "cli" and module not in ENTRY_POINTS:
+                back.append(f"{module} -> {target} (only the entry points import the CLI)")
+            elif mine in ROOMS and ROOMS.index(theirs) > ROOMS.index(mine):
+                back.append(f"{module} -> {target} ({mine} comes before {theirs})")
+    assert not back, "imports against the rooms' order " + " <- ".join(ROOMS) + ":\n" + \
+        "\n".join(sorted(back))
+
+
+def test_the_daemon_core_does_no_io() -> None:
+    found = []
+    for module, path in modules().items():
+        if room_of(module) != "core":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [])
+            found += [f"{module}: import {n}" for n in names if n.split(".")[0] in IO_MODULES]
+    assert not found, "the core imports I/O (the shell's job):\n" + "\n".join(found)
+
+
+def _python_files() -> list[Path]:
+    return sorted(p for folder in FOLDERS for p in (ROOT / folder).rglob("*.py"))
+
+
+def test_no_folder_holds_more_than_twelve_modules() -> None:
+    per_folder: dict[str, list[str]] = {}
+    for path in _python_files():
+        if path.name != "__init__.py":
+            per_folder.setdefault(folder_of(path), []).append(path.name)
+    crowded = {f: len(m) for f, m in per_folder.items() if len(m) > MAX_MODULES}
+    assert not crowded, f"folders over {MAX_MODULES} modules (__init__.py not counted): " \
+        f"{crowded}; move a group of them into a sub-folder"
+
+
+def test_no_module_is_over_six_hundred_lines() -> None:
+    lines = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in _python_files()}
+    long = {m: n for m, n in lines.items() if n > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}; split them by job"
+
+
 if __name__ == "__main__":
-    for module, targets in sorted(graph().items()):
-        for target in sorted(targets):
-            print(f"{module} -> {target}")
+    if sys.argv[1:] == ["--folders"]:
+        folders, why = folder_graph(graph(), modules())
+        for a, bs in sorted(folders.items()):
+            for b in sorted(bs):
+                print(f"{a} -> {b}  ({len(why[(a, b)])}: {why[(a, b)][0]}, ...)")
+    else:
+        for module, targets in sorted(graph().items()):
+            for target in sorted(targets):
+                print(f"{module} -> {target}")

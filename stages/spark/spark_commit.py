@@ -24,12 +24,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-#: Defaults (the one definition: daemon/config.py names them for ``[spark]``), chosen from
-#: the end-to-end measurements in docs/benchmarks.md ("Larger commits"): jobs of 200,000
-#: rows or 4 s cost the JVM 7.5 us a row against 19.7 at 50,000 or 1 s; a lone batch waits
-#: at most the interval.
-DEFAULT_ROWS = 200_000
-DEFAULT_INTERVAL = 4.0
+from ..runtime.spec import DEFAULT_INTERVAL, DEFAULT_ROWS
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Where a Spark client connects, and with which token: the one definition.
 
 The committers are the pipeline's only Spark clients.  With a local server the daemon
-starts (:mod:`offbroadway.daemon.spark_server`), it hands each committer incarnation the
+starts (:mod:`offbroadway.daemon.spark.server`), it hands each committer incarnation the
 *current* server's address and token in its environment (:func:`handover`, evaluated at
 every committer start, so a restarted server with a fresh port and token is followed);
 with ``[spark] remote`` the settings carry the address and say where the token is.

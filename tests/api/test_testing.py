@@ -156,7 +156,7 @@ def test_rows_that_do_not_fit_an_existing_dataset_fail(tmp_path) -> None:
     would: ``n`` a BIGINT): ``n = "x"`` and ``n = 2.5`` fail, the rest pass."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from offbroadway.daemon.config import validate
+    from offbroadway.daemon.config.load import validate
 
     from tests.api.parity_handlers import Parity
 
@@ -233,7 +233,7 @@ def test_evolve_adds_a_new_field_as_a_column_and_refuses_a_changed_type() -> Non
 def test_evolve_against_an_existing_dataset_from_the_config(tmp_path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from offbroadway.daemon.config import validate
+    from offbroadway.daemon.config.load import validate
 
     class Grows(Pipeline):
         def handle_message(self, processor, message, context):

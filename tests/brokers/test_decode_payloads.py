@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from offbroadway.daemon.outcome import EXIT_FAILED
+from offbroadway.daemon.core.outcome import EXIT_FAILED
 
 from tests.brokers.conftest import AMQP_URL, REDIS_URL, unique
 from tests.brokers.daemons import failed as failed_in

@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from offbroadway.daemon.outcome import EXIT_FAILED
+from offbroadway.daemon.core.outcome import EXIT_FAILED
 
 from tests.brokers.conftest import AMQP_URL, REDIS_URL, unique
 from tests.brokers.daemons import configs_for, run, side_by_side

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from offbroadway.daemon.outcome import EXIT_FAILED
+from offbroadway.daemon.core.outcome import EXIT_FAILED
 
 from tests.brokers.daemons import configs_for, handled, reap, run, side_by_side, start
 from tests.brokers.daemons import failed as failed_in

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from offbroadway.daemon.outcome import EXIT_FAILED
+from offbroadway.daemon.core.outcome import EXIT_FAILED
 
 from tests.brokers.daemons import run
 from tests.brokers.natsutil import NATS_URL

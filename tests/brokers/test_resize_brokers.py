@@ -10,9 +10,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from offbroadway.daemon import resize
-from offbroadway.daemon.config import load_config
-from offbroadway.daemon.topology import auto_prefetch
+from offbroadway.daemon.config.load import load_config
+from offbroadway.daemon.core import resize
+from offbroadway.daemon.core.topology import auto_prefetch
 from offbroadway.supervision.tree import snapshot_nodes
 
 from tests.brokers.conftest import AMQP_URL

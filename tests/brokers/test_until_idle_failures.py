@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from offbroadway.daemon.outcome import EXIT_FAILED
+from offbroadway.daemon.core.outcome import EXIT_FAILED
 
 from tests.brokers.conftest import AMQP_URL
 from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until

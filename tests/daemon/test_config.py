@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from offbroadway.daemon.config import ConfigError, parse_size, validate
+from offbroadway.daemon.config.load import ConfigError, parse_size, validate
 
 BASE = {
     "pipeline": {"name": "orders", "handler": "examples.orders:Orders"},
@@ -108,7 +108,7 @@ def test_warnings_explain_pitfalls() -> None:
 
 
 def test_source_options_are_checked_by_the_source() -> None:
-    from offbroadway.daemon.checks import check_source
+    from offbroadway.daemon.config.checks import check_source
 
     config = validate(with_("producer.options", {"path": "var/spool", "patern": "*.x"})).config
     with pytest.raises(ConfigError, match=r"^producer\.options\.patern"):
@@ -116,7 +116,7 @@ def test_source_options_are_checked_by_the_source() -> None:
 
 
 def test_nats_gets_the_auto_prefetch_and_the_starvation_warning() -> None:
-    from offbroadway.daemon.topology import auto_prefetch, build
+    from offbroadway.daemon.core.topology import auto_prefetch, build
     from offbroadway.stages.runtime.spec import StageSpec
 
     raw = with_("producer.source", "nats")
@@ -142,7 +142,7 @@ def _rabbit_spark(producers: int = 1, **options) -> dict:
 
 
 def _spark_settings(config) -> dict:
-    from offbroadway.daemon.spark import sink_settings
+    from offbroadway.daemon.spark.wiring import sink_settings
 
     return sink_settings(config.spark, "/tmp/ob-state")
 
@@ -153,7 +153,7 @@ def test_auto_prefetch_with_spark_fits_amqp_and_keeps_two_groups_in_flight() -> 
     (16 bits).  "auto" must be a window the broker accepts and that the tree, as built,
     holds exactly: the committers' group shrinks to what that window feeds, so Spark never
     waits for rows the broker holds back."""
-    from offbroadway.daemon.topology import build
+    from offbroadway.daemon.core.topology import build
     from offbroadway.stages.runtime.spec import StageSpec
     from offbroadway.stages.sources.rabbitmq.settings import parse_options
 
@@ -170,7 +170,7 @@ def test_auto_prefetch_with_spark_fits_amqp_and_keeps_two_groups_in_flight() -> 
     assert 0 < rows < 200_000
     assert bp.max_demand * 2000 >= 2 * rows                # two groups in flight fit
 
-    from offbroadway.daemon.topology import auto_window, held
+    from offbroadway.daemon.core.topology import auto_window, held
 
     window = auto_window(config)
     assert (window.prefetch, window.commit_rows) == (auto, rows)
@@ -182,7 +182,7 @@ def test_auto_prefetch_with_spark_fits_amqp_and_keeps_two_groups_in_flight() -> 
 
 
 def test_auto_prefetch_is_left_whole_where_it_fits_or_is_explicit() -> None:
-    from offbroadway.daemon.topology import auto_window, build
+    from offbroadway.daemon.core.topology import auto_window, build
 
     # seven producers: 58,000 each fits basic.qos, the groups stay at 200,000
     seven = validate(_rabbit_spark(producers=7)).config
@@ -264,7 +264,7 @@ def test_spark_defaults_and_the_exactly_once_switch() -> None:
 
 
 def test_reload_refuses_a_spark_change_naming_the_key() -> None:
-    from offbroadway.daemon import reload
+    from offbroadway.daemon.core import reload
 
     old = validate(copy.deepcopy(BASE)).config
     for path, value in (("spark.commit_rows", 20_000), ("spark.partition_by", ["sku"]),
@@ -327,7 +327,7 @@ def test_a_misspelt_section_gets_a_hint() -> None:
 
 
 def test_a_misspelt_source_option_gets_a_hint(tmp_path) -> None:
-    from offbroadway.daemon.checks import check_source
+    from offbroadway.daemon.config.checks import check_source
 
     raw = copy.deepcopy(BASE)
     raw["producer"] = {"source": "rabbitmq", "options": {"url": "amqp://127.0.0.1",

@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from offbroadway.daemon import config as config_mod
+from offbroadway.daemon.config import load as config_mod
 
 from tests.conftest import REPO
 

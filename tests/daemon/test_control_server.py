@@ -12,12 +12,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from offbroadway.daemon import control, control_server
+from offbroadway.daemon.cli import control
+from offbroadway.daemon.shell import control_server
 
 #: a client asking ``status`` back to back for SECONDS, printing how many it got
 CLIENT = """
 import sys, time
-from offbroadway.daemon import control
+from offbroadway.daemon.cli import control
 path, seconds = sys.argv[1], float(sys.argv[2])
 sys.stdin.readline()                  # all clients start together
 t0, n = time.monotonic(), 0

@@ -1,4 +1,4 @@
-"""The drain's shell (daemon/drainer.py) on a pipeline's state, without processes: the drain
+"""The drain's shell (daemon/shell/drainer.py) on a pipeline's state, without processes: the drain
 tells the stages what the terminator says and ends when the reports say so, the books
 decide the --until-idle exit, a drain past its deadline is exit 1, a third Ctrl-C ends
 every wait, and a run again restarts the sources' supervisor by name."""
@@ -8,14 +8,14 @@ from __future__ import annotations
 import asyncio
 import time
 
-from offbroadway.daemon import outcome
-from offbroadway.daemon import topology as topo_mod
-from offbroadway.daemon.config import validate
-from offbroadway.daemon.drainer import Drainer
-from offbroadway.daemon.notify import Notifier
-from offbroadway.daemon.pipeline import PipelineState
-from offbroadway.daemon.reactions import Send
-from offbroadway.daemon.terminator import Phase
+from offbroadway.daemon.config.load import validate
+from offbroadway.daemon.core import outcome
+from offbroadway.daemon.core.pipeline import PipelineState
+from offbroadway.daemon.core.reactions import Send
+from offbroadway.daemon.core.terminator import Phase
+from offbroadway.daemon.shell.drainer import Drainer
+from offbroadway.daemon.shell.notify import Notifier
+from offbroadway.daemon.spark.wiring import Wiring
 from offbroadway.stages.wire import commands
 
 
@@ -27,7 +27,7 @@ def _state(shutdown_timeout: float = 5.0) -> PipelineState:
         "batchers": {"b": {"batch_size": 10}},
         "runtime": {"dir": "/tmp/ob-run"},
     }).config
-    return PipelineState(config, topo_mod.Wiring(config))
+    return PipelineState(config, Wiring(config))
 
 
 class _Tree:

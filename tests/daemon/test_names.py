@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from offbroadway.daemon import names
-from offbroadway.daemon import topology as topo_mod
-from offbroadway.daemon.config import validate
+from offbroadway.daemon.config import names
+from offbroadway.daemon.config.load import validate
+from offbroadway.daemon.core import topology as topo_mod
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("api", "daemon", "stages", "supervision", "bench")
@@ -110,11 +110,11 @@ def test_the_pattern_finds_an_id_spelled_by_hand() -> None:
 
 
 def test_no_stage_id_is_spelled_outside_the_names_module() -> None:
-    own = ROOT / "daemon" / "names.py"
+    own = ROOT / "daemon" / "config" / "names.py"
     found = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}"
              for folder in FOLDERS for p in sorted((ROOT / folder).rglob("*.py"))
              if p != own
              for n, line in enumerate(p.read_text().splitlines(), 1)
              if BY_HAND.search(line)]
-    assert not found, ("stage ids built or parsed by hand (use offbroadway.daemon.names):\n"
+    assert not found, ("stage ids built or parsed by hand (use offbroadway.daemon.config.names):\n"
                        + "\n".join(found))

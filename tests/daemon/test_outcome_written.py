@@ -2,7 +2,7 @@
 without writing them (their message was there already, or came twice in one group) are
 acked by the batch processors but are not rows of this run."""
 
-from offbroadway.daemon.outcome import Outcome, Written
+from offbroadway.daemon.core.outcome import Outcome, Written
 
 
 def test_rows_acked_as_already_written_are_not_counted_twice() -> None:

@@ -1,4 +1,4 @@
-"""The running pipeline's one owner (daemon/pipeline.py), without processes: one adopt for
+"""The running pipeline's one owner (daemon/core/pipeline.py), without processes: one adopt for
 start, reload and resize; the tree takes the new specs through change_spec (a stage started
 later has the new values); who is leaving is kept once; the stop budget needs no daemon."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from offbroadway.daemon import stopbudget
-from offbroadway.daemon import topology as topo_mod
-from offbroadway.daemon.config import validate
-from offbroadway.daemon.pipeline import PipelineState, TreeHandle, adopt, stop_budget
+from offbroadway.daemon.config.load import validate
+from offbroadway.daemon.core import stopbudget
+from offbroadway.daemon.core.pipeline import PipelineState, TreeHandle, adopt
+from offbroadway.daemon.spark.wiring import Wiring, stop_budget
 from offbroadway.stages.runtime.logs import LEVEL_ENV
 from offbroadway.stages.runtime.spec import STAGE_ENV, StageSpec
 from offbroadway.stages.wire import commands
@@ -29,7 +29,7 @@ def _config(processors: int = 2, batch_size: int = 10):
 
 def _state(config=None) -> PipelineState:
     config = config or _config()
-    return PipelineState(config, topo_mod.Wiring(config))
+    return PipelineState(config, Wiring(config))
 
 
 def _spec_of(tree: TreeHandle, sid: str) -> StageSpec:

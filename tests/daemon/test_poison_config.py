@@ -4,8 +4,8 @@ other, warned about when a poison message could not be dead-lettered, and in the
 from __future__ import annotations
 
 import pytest
-from offbroadway.daemon import topology
-from offbroadway.daemon.config import ConfigError, validate
+from offbroadway.daemon.config.load import ConfigError, validate
+from offbroadway.daemon.core import topology
 
 from tests.daemon.test_config import with_
 

@@ -9,7 +9,7 @@ import sys
 import time
 
 import psutil
-from offbroadway.daemon.status import process_usage
+from offbroadway.daemon.observe.usage import process_usage
 
 #: a process that spends some CPU, takes ~60 MB and starts a child that takes ~40 MB
 PARENT = """

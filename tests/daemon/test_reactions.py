@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from offbroadway.daemon import topology as topo_mod
-from offbroadway.daemon.config import validate
-from offbroadway.daemon.reactions import Reactions
+from offbroadway.daemon.config.load import validate
+from offbroadway.daemon.core import topology as topo_mod
+from offbroadway.daemon.core.reactions import Reactions
 from offbroadway.stages.wire.commands import Blame, Resubscribe, Suspect
 from offbroadway.supervision.strategy import affected
 

@@ -1,9 +1,9 @@
 """A refused reload names the key that changed, down to a source option, and shows no
-secret (pure: :func:`offbroadway.daemon.reload.differences` and the refusal's text)."""
+secret (pure: :func:`offbroadway.daemon.core.reload.differences` and the refusal's text)."""
 
 from __future__ import annotations
 
-from offbroadway.daemon.reload import _refuse, differences
+from offbroadway.daemon.core.reload import _refuse, differences
 from offbroadway.stages.runtime.redact import mask_value, secret_name, value_secrets
 
 URL = "amqp://guest:Hunter-2-secret@127.0.0.1:5672/%2F"

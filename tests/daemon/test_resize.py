@@ -9,11 +9,11 @@ import dataclasses
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from offbroadway.daemon import resize
-from offbroadway.daemon import topology as topo_mod
-from offbroadway.daemon.config import validate
-from offbroadway.daemon.reactions import Reactions
-from offbroadway.daemon.resize import ResizeRefused, Step
+from offbroadway.daemon.config.load import validate
+from offbroadway.daemon.core import resize
+from offbroadway.daemon.core import topology as topo_mod
+from offbroadway.daemon.core.reactions import Reactions
+from offbroadway.daemon.core.resize import ResizeRefused, Step
 from offbroadway.stages.wire import commands
 
 
@@ -185,7 +185,7 @@ def test_a_stage_that_left_exits_without_a_requeue_one_that_did_not_is_lost():
 
 
 def test_reload_takes_concurrency_live_unless_partitioned():
-    from offbroadway.daemon import reload
+    from offbroadway.daemon.core import reload
 
     changes = reload.plan(_config(2, {"spark": 1}), _config(3, {"spark": 2})).changes
     assert changes == [("processors.default.concurrency", 2, 3),

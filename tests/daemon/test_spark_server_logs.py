@@ -23,7 +23,7 @@ def run_server(env_extra: dict[str, str]) -> subprocess.CompletedProcess:
         if key.startswith("OFFBROADWAY_SPARK_"):
             del env[key]
     env.update(env_extra)
-    return subprocess.run([sys.executable, "-m", "offbroadway.daemon.spark_server"], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "offbroadway.daemon.spark.server"], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=60)
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from offbroadway.daemon.checks import preflight
-from offbroadway.daemon.config import ConfigError, load_config
+from offbroadway.daemon.config.checks import preflight
+from offbroadway.daemon.config.load import ConfigError, load_config
 
 
 def config(tmp: Path, spool: str) -> Path:

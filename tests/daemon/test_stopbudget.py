@@ -1,11 +1,11 @@
 """The stop budget is the drain plus every stage's grace, read from the specs the
-supervisors obey (daemon/stopbudget.py)."""
+supervisors obey (daemon/core/stopbudget.py)."""
 
 from __future__ import annotations
 
-from offbroadway.daemon import stopbudget
-from offbroadway.daemon.config import load_config
-from offbroadway.daemon.pipeline import stop_budget
+from offbroadway.daemon.config.load import load_config
+from offbroadway.daemon.core import stopbudget
+from offbroadway.daemon.spark.wiring import stop_budget, wired
 from offbroadway.supervision.spec import BRUTAL_KILL, Strategy, SupervisorSpec, WorkerSpec
 from offbroadway.supervision.tree import stop_bound
 
@@ -36,7 +36,7 @@ def test_the_example_config_budget():
 
 def test_check_and_the_docs_quote_the_one_budget(tmp_path):
     """The figure ``check`` prints and the example in docs/operations.md are the one that
-    daemon/stopbudget.py computes (they once said 166 s where check printed 227 s)."""
+    daemon/core/stopbudget.py computes (they once said 166 s where check printed 227 s)."""
     import re
     import subprocess
 
@@ -44,13 +44,14 @@ def test_check_and_the_docs_quote_the_one_budget(tmp_path):
 
     example = REPO / "config" / "example.toml"
     config = load_config(str(example)).config
-    budget = stopbudget.of_config(config)
+    root = wired(config).root
+    budget = stopbudget.total(config.pipeline.shutdown_timeout, root)
     assert budget == stop_budget(config)
     doc = (REPO / "docs" / "operations.md").read_text()
     quoted = re.findall(r"a stop takes at most (\d+) s", doc)
     assert quoted and {float(q) for q in quoted} == {budget}
-    assert f"(the example config: {stopbudget.explain(config)};" in " ".join(doc.split())
-    assert stopbudget.explain(config).endswith(f"= {budget:g} s")
+    assert f"(the example config: {stopbudget.explain(config, root)};" in " ".join(doc.split())
+    assert stopbudget.explain(config, root).endswith(f"= {budget:g} s")
     (tmp_path / "spool").mkdir()     # the example's, where this check can find one
     copy = tmp_path / "example.toml"
     copy.write_text(example.read_text().replace('path = "var/spool"',

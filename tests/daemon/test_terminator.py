@@ -4,10 +4,11 @@ ending it, the deadline, and ``--until-idle``'s idle signal."""
 
 from __future__ import annotations
 
-from offbroadway.daemon import topology as topo_mod
-from offbroadway.daemon.config import validate
-from offbroadway.daemon.reactions import Reactions
-from offbroadway.daemon.terminator import Phase, Terminator
+from offbroadway.daemon.config.load import validate
+from offbroadway.daemon.core import topology as topo_mod
+from offbroadway.daemon.core.reactions import Reactions
+from offbroadway.daemon.core.terminator import Phase, Terminator
+from offbroadway.daemon.spark.wiring import wired
 from offbroadway.stages.wire import commands
 
 
@@ -33,7 +34,7 @@ def spark_topology(producers: int = 2) -> topo_mod.Topology:
         "spark": {"output": "/tmp/ob-out"},
         "runtime": {"dir": "/tmp/ob-run"},
     }).config
-    return topo_mod.wired(config)
+    return wired(config)
 
 
 def test_begin_tells_sources_to_shut_down_and_their_consumers_not_to_resubscribe() -> None:

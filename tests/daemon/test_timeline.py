@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from offbroadway.daemon.timeline import Timeline
+from offbroadway.daemon.observe.timeline import Timeline
 from offbroadway.supervision import ChildExited, ChildStarted, Restarting, SupervisorGaveUp
 
 

@@ -1,4 +1,4 @@
-from offbroadway.daemon.totals import StageTotals
+from offbroadway.daemon.core.totals import StageTotals
 
 
 def test_counts_survive_a_restart() -> None:

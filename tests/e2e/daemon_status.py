@@ -17,7 +17,7 @@ import psutil
 
 def tree_nodes(sock: Path) -> dict[str, dict]:
     """Every node of the live supervision tree, by id."""
-    from offbroadway.daemon import control
+    from offbroadway.daemon.cli import control
     from offbroadway.supervision.tree import snapshot_nodes
 
     tree = control.request(str(sock), {"cmd": "status"}, timeout=10)["status"]["tree"]

@@ -98,7 +98,8 @@ state_dir = "{tmp / 'state'}"
 
 def bound(config_path: Path, out_limits: list[int]) -> int:
     """The docstring's bound, from the loaded config and the processors' ``out_limit``."""
-    from offbroadway.daemon.config import batch_demand, load_config
+    from offbroadway.daemon.config.load import load_config
+    from offbroadway.daemon.config.records import batch_demand
 
     loaded = load_config(str(config_path))
     config = getattr(loaded, "config", loaded)

@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from offbroadway.daemon.outcome import EXIT_FAILED
+from offbroadway.daemon.core.outcome import EXIT_FAILED
 from offbroadway.supervision.tree import snapshot_find, snapshot_nodes
 
 from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until

@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from offbroadway.daemon.outcome import EXIT_FAILED
+from offbroadway.daemon.core.outcome import EXIT_FAILED
 from offbroadway.supervision.tree import snapshot_find
 from offbroadway.testing import test_messages
 

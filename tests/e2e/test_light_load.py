@@ -41,7 +41,7 @@ def one_name_per_producer(producers: int, jobs: int) -> list[str]:
 
 
 def producer_demands(sock: Path) -> list[int]:
-    from offbroadway.daemon import control
+    from offbroadway.daemon.cli import control
 
     try:
         status = control.request(str(sock), {"cmd": "status"}, timeout=5)["status"]

@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from offbroadway.daemon.outcome import EXIT_FAILED
+from offbroadway.daemon.core.outcome import EXIT_FAILED
 
 from tests.e2e.handlers import read_records
 from tests.e2e.test_pipeline import make_config, run_until_idle

@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from offbroadway.daemon.outcome import EXIT_FAILED
+from offbroadway.daemon.core.outcome import EXIT_FAILED
 from offbroadway.supervision.tree import snapshot_nodes
 
 from tests.conftest import REPO, offbroadway_cmd, start_daemon, test_env, wait_until

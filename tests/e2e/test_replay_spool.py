@@ -15,8 +15,8 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
-from offbroadway.daemon.deadletters import ReplayRecord
-from offbroadway.daemon.outcome import EXIT_FAILED
+from offbroadway.daemon.cli.deadletters import ReplayRecord
+from offbroadway.daemon.core.outcome import EXIT_FAILED
 from offbroadway.stages.sources.deadletters import DeadLetter
 from offbroadway.stages.sources.spool.replay import SpoolDeadLetters
 

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from offbroadway.daemon import control
+from offbroadway.daemon.cli import control
 from offbroadway.supervision.tree import snapshot_nodes
 
 from tests.conftest import REPO, offbroadway_cmd, start_daemon, test_env, wait_until

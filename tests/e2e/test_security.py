@@ -138,7 +138,7 @@ def listening(pids: list[int]) -> list[tuple[int, str, int]]:
 
 
 def test_metrics_listen_defaults_to_loopback(tmp_path: Path) -> None:
-    from offbroadway.daemon.config import validate
+    from offbroadway.daemon.config.load import validate
 
     raw = {"pipeline": {"name": "p", "handler": "tests.e2e.handlers:Recorder"},
            "producer": {"source": "spool", "options": {"path": str(tmp_path)}}}

@@ -84,8 +84,8 @@ def test_sd_notify_ready_watchdog_stopping_and_metrics_that_add_up(short_tmp: Pa
     assert "STOPPING=1" in messages
     assert any(m.startswith("STATUS=") for m in messages)
     # the whole stop budget, announced once (drain + every stage's grace; see stopbudget)
-    from offbroadway.daemon.config import load_config
-    from offbroadway.daemon.pipeline import stop_budget
+    from offbroadway.daemon.config.load import load_config
+    from offbroadway.daemon.spark.wiring import stop_budget
 
     budget = stop_budget(load_config(str(config)).config)
     assert budget > 20 + 10                      # shutdown_timeout and more

@@ -16,7 +16,8 @@ import urllib.request
 from pathlib import Path
 
 import psutil
-from offbroadway.daemon import control, control_server
+from offbroadway.daemon.cli import control
+from offbroadway.daemon.shell import control_server
 from offbroadway.supervision.tree import snapshot_find
 
 from tests.conftest import test_env, wait_until
@@ -221,7 +222,7 @@ def test_scrapes_close_together_share_one_answer(short_tmp: Path) -> None:
     """A scrape costs the daemon ~8 ms of CPU: scrapes within SCRAPE_SHARED_FOR get the
     same answer (byte for byte, the per-child CPU seconds included), so a scraper every
     100 ms costs one answer per half second."""
-    from offbroadway.daemon import metrics
+    from offbroadway.daemon.observe import metrics
 
     from tests.conftest import free_port
 

@@ -108,7 +108,7 @@ def expected_ids(contents: dict[str, bytes]) -> set[str]:
 
 
 def status(sock: Path) -> dict | None:
-    from offbroadway.daemon import control
+    from offbroadway.daemon.cli import control
 
     try:
         return control.request(str(sock), {"cmd": "status"}, timeout=10)["status"]

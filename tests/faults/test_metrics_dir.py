@@ -4,7 +4,7 @@ the counts a scrape returns are unchanged by it.
 prometheus-client keeps every dead process's counter and histogram files (its docs: they
 are summed); a daemon restarting stages for weeks would pile them up, and every scrape
 reads them all.  The daemon folds a dead process's files into one archive per type
-(``offbroadway.daemon.metricsdir``).  These tests run real processes writing through the
+(``offbroadway.daemon.observe.metricsdir``).  These tests run real processes writing through the
 stages' own metrics code, and a real daemon whose stages are restarted 200 times.
 """
 
@@ -22,7 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from offbroadway.daemon import metrics
+from offbroadway.daemon.observe import metrics
 from offbroadway.supervision.tree import snapshot_nodes
 
 from tests.conftest import REPO, free_port, test_env, wait_until
@@ -114,7 +114,7 @@ def test_dead_processes_are_folded_into_archives_and_the_sums_hold(tmp_path: Pat
         assert os.stat(path / name).st_mode & 0o777 == 0o600, name
 
     # the sums: exactly what the processes counted, per stage
-    from offbroadway.daemon.metricsdir import CompactedCollector
+    from offbroadway.daemon.observe.metricsdir import CompactedCollector
 
     got: dict[tuple[str, str], float] = defaultdict(float)
     for family in CompactedCollector(str(path)).collect():
@@ -162,7 +162,7 @@ class Noop(Pipeline):
 
 
 def _status(sock: str) -> dict:
-    from offbroadway.daemon import control
+    from offbroadway.daemon.cli import control
 
     return control.request(sock, {"cmd": "status"}, timeout=30)["status"]
 
@@ -182,7 +182,7 @@ def test_200_stage_restarts_keep_the_metrics_dir_bounded_and_the_counts(short_tm
     and the metrics dir must never hold more than 3 files per live stage plus the
     archives.  Before the archives: ~2 files per dead process, 400+ here (measured with
     every stage a victim alike: at most 12 files over 473 worker restarts)."""
-    from offbroadway.daemon import control
+    from offbroadway.daemon.cli import control
 
     from tests.e2e.test_pipeline import write_spool
 

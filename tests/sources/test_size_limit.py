@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from offbroadway.daemon.outcome import EXIT_FAILED
+from offbroadway.daemon.core.outcome import EXIT_FAILED
 from offbroadway.stages.sources import SourceOptionError, get_source
 from offbroadway.stages.sources.base import (
     DEFAULT_MAX_MESSAGE_BYTES,

@@ -1,7 +1,7 @@
 """Real local Spark for the sink and server tests: one Connect server shared by the session.
 
 The server is started exactly as the daemon starts it: argv and environment come from
-:func:`offbroadway.daemon.spark.plan` (fresh port and token), the notify pipe is a real
+:func:`offbroadway.daemon.spark.wiring.plan` (fresh port and token), the notify pipe is a real
 pipe, and "started" means the ``R`` byte arrived.  Starting Spark costs 8-20 s here, so
 only the tests that kill a server start their own.  The session's server itself, the
 ``spark_server`` fixture, is in tests/conftest.py so that tests/chaos shares it.
@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from offbroadway.daemon.config import SparkConfig
-from offbroadway.daemon.spark import plan
+from offbroadway.daemon.config.records import SparkConfig
+from offbroadway.daemon.spark.wiring import plan
 from offbroadway.supervision.child import NOTIFY_FD_ENV
 
 from tests.conftest import test_env
@@ -32,7 +32,7 @@ READY_TIMEOUT = 240.0   # a JVM start on 2 busy cores; normally 8-20 s
 
 @dataclass
 class ServerHandle:
-    """A running ``offbroadway.daemon.spark_server`` and what a client needs to use it."""
+    """A running ``offbroadway.daemon.spark.server`` and what a client needs to use it."""
 
     proc: subprocess.Popen
     dir: Path
@@ -57,7 +57,7 @@ class ServerHandle:
 
 
 def spark_config(root: Path, **overrides: Any) -> SparkConfig:
-    """A validated ``[spark]`` section, as daemon/config.py makes it."""
+    """A validated ``[spark]`` section, as daemon/config/load.py makes it."""
     return SparkConfig(output=str(root / "out"), **overrides)
 
 

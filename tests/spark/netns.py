@@ -11,7 +11,7 @@ touched.
 Two ``socat`` relays stand where a cluster's address and a broker's would be:
 
 * in ``srv``, ``10.77.0.2:15002`` → the server's gRPC port on that namespace's loopback
-  (the server binds 127.0.0.1 whatever its namespace: daemon/spark_server.py);
+  (the server binds 127.0.0.1 whatever its namespace: daemon/spark/server.py);
 * in ``cli``, ``localhost:15002`` → ``10.77.0.2:15002``: pyspark speaks plaintext with a
   token only to the literal host ``localhost`` (any other host means TLS);
 * in ``cli``, ``127.0.0.1:5672`` → a unix socket → the machine's RabbitMQ (unix sockets

@@ -1,5 +1,5 @@
 """The Spark server's class-data-sharing archive: recorded at a start, built in the
-background, mapped by the next start (daemon/spark_server.py's ``Cds``)."""
+background, mapped by the next start (daemon/spark/server.py's ``Cds``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from offbroadway.daemon.spark_server import SUBMIT_CLASS, Cds, cds_folder, without_conf_dir
+from offbroadway.daemon.spark.jvm import SUBMIT_CLASS, Cds, cds_folder, without_conf_dir
 
 from tests.conftest import wait_until
 from tests.spark.conftest import start_server

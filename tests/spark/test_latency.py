@@ -20,7 +20,7 @@ from datetime import UTC
 from pathlib import Path
 
 import pytest
-from offbroadway.daemon.config import load_config
+from offbroadway.daemon.config.load import load_config
 
 from tests.conftest import REPO, offbroadway_cmd, wait_until
 from tests.spark.test_pipeline_spark import daemon_env, example_config, rows

@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from offbroadway.daemon.outcome import EXIT_FAILED
+from offbroadway.daemon.core.outcome import EXIT_FAILED
 from offbroadway.supervision.tree import snapshot_find, snapshot_nodes
 
 from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until

@@ -1,11 +1,11 @@
-"""daemon/spark.py: the wiring, without starting Spark."""
+"""daemon/spark/wiring.py: the wiring, without starting Spark."""
 
 from __future__ import annotations
 
 import json
 
-from offbroadway.daemon.spark import plan
-from offbroadway.daemon.spark_server import ARGV, ServerSettings
+from offbroadway.daemon.spark.settings import ARGV, ServerSettings
+from offbroadway.daemon.spark.wiring import plan
 
 from tests.spark.conftest import spark_config
 
@@ -52,7 +52,7 @@ def test_remote_plan_starts_nothing(tmp_path):
 
 
 def test_conf_reaches_the_server_and_round_trips(tmp_path):
-    """``[spark] conf`` (validated in daemon/config.py) travels in the server's settings
+    """``[spark] conf`` (validated in daemon/config/load.py) travels in the server's settings
     record; what the daemon writes, the wrapper reads back unchanged."""
     p = plan(spark_config(tmp_path, conf={"spark.sql.shuffle.partitions": "4"},
                           master="local[1]", driver_memory="2g"),

@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from offbroadway.daemon.spark import plan
+from offbroadway.daemon.spark.wiring import plan
 from offbroadway.supervision.child import NOTIFY_FD_ENV
 
 from tests.conftest import test_env

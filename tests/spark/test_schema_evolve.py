@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from offbroadway.daemon.outcome import EXIT_FAILED
+from offbroadway.daemon.core.outcome import EXIT_FAILED
 
 from tests.conftest import REPO, offbroadway_cmd, wait_until
 from tests.e2e.test_pipeline import make_config, stage_pids

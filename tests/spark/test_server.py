@@ -84,7 +84,7 @@ def test_wrapper_sigkill_takes_the_jvm_down(throwaway_servers):
 
 def test_missing_settings_exit_2_without_starting_java(tmp_path: Path):
     env = {k: v for k, v in test_env().items() if not k.startswith("OFFBROADWAY_SPARK")}
-    p = subprocess.run([sys.executable, "-m", "offbroadway.daemon.spark_server"], env=env,
+    p = subprocess.run([sys.executable, "-m", "offbroadway.daemon.spark.server"], env=env,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2
     assert "OFFBROADWAY_SPARK_PORT" in p.stderr

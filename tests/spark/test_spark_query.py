@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from offbroadway.daemon.config import validate
-from offbroadway.daemon.spark_query import snippet
+from offbroadway.daemon.config.load import validate
+from offbroadway.daemon.spark.query import snippet
 
 from tests.conftest import REPO, offbroadway_cmd, test_env
 from tests.e2e.test_pipeline import make_config, write_spool

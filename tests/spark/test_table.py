@@ -69,7 +69,7 @@ def test_a_table_by_name_holds_every_line_once(short_tmp: Path) -> None:
 def test_a_table_needs_no_output_and_one_name_per_batcher(tmp_path: Path) -> None:
     """``check``'s side: ``table`` stands in for ``output``; several batchers need
     ``{batcher}`` in the name (one table each), said in one line naming the key."""
-    from offbroadway.daemon.config import ConfigError, load_config
+    from offbroadway.daemon.config.load import ConfigError, load_config
 
     write_spool(tmp_path / "spool", 1)
     config = make_config(tmp_path, batchers={"a": {"batch_size": 10}})

@@ -12,8 +12,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from offbroadway.daemon.config import load_config
-from offbroadway.daemon.outcome import EXIT_FAILED
+from offbroadway.daemon.config.load import load_config
+from offbroadway.daemon.core.outcome import EXIT_FAILED
 from offbroadway.testing import test_messages
 
 from tests.api.parity_handlers import Parity

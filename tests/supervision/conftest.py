@@ -14,7 +14,8 @@ from typing import Any, TypeVar
 
 import psutil
 import pytest
-from offbroadway.supervision import Restart, WorkerSpec, guardian
+from offbroadway.supervision import Restart, WorkerSpec
+from offbroadway.supervision.linux import guardian
 
 HERE = Path(__file__).resolve().parent
 CHILD = HERE / "children" / "proc.py"

@@ -8,8 +8,8 @@ import asyncio
 import os
 import signal
 
-from offbroadway.daemon import topology as topo_mod
-from offbroadway.daemon.config import validate
+from offbroadway.daemon.config.load import validate
+from offbroadway.daemon.spark.wiring import Wiring
 from offbroadway.supervision import Strategy, Supervisor, SupervisorSpec
 from offbroadway.supervision.tree import walk
 
@@ -47,7 +47,7 @@ def test_the_pipelines_supervisors_say_their_intensity() -> None:
         "batchers": {"b": {"batch_size": 10}},
         "runtime": {"dir": "/tmp/ob-run"},
     }).config
-    root = topo_mod.Wiring(config).build(config).root
+    root = Wiring(config).build(config).root
     sups = {s.id: (s.max_restarts, s.max_seconds) for s in walk(root)
             if isinstance(s, SupervisorSpec)}
     assert sups["BatchersSupervisor"] == (3, 5.0)

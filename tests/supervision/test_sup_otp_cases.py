@@ -184,7 +184,7 @@ def test_a_childs_own_children_die_with_the_supervisor_even_after_its_sigkill(tm
     the supervising process is SIGKILLed: with ``pdeathsig=GUARD_SIGNAL`` and
     ``guard_descendants()`` the child kills them itself; ``plain`` (the default SIGKILL, a
     child that does nothing) leaves it to the supervising process's guardian
-    (:mod:`offbroadway.supervision.guardian`), which outlives it for that."""
+    (:mod:`offbroadway.supervision.linux.guardian`), which outlives it for that."""
     pidfile = tmp_path / "pids.json"
     proc = subprocess.Popen([sys.executable, str(HERE / "run_guarded.py"), str(pidfile), mode],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
