@@ -274,6 +274,7 @@ class Daemon:
         self.drainer.announce_stop()
         await self.drainer.stop_tree(self.root)
         self._clear_staging()
+        self._mark_journals_clean()
 
     def rate_bucket(self) -> ratelimit.Bucket:
         """The shared rate limit as /metrics reads it (off until the daemon made it)."""
@@ -339,6 +340,26 @@ class Daemon:
             n = clear_staging(spark, self.config.runtime.state_dir, list(self.config.batchers))
             if n:
                 log.debug("removed %d staged batch file(s)", n)
+
+    def _mark_journals_clean(self) -> None:
+        """Every stage has stopped after a drain whose books leave nothing to come back:
+        no message unacked or failed back into its queue, every committed row answered to
+        its batch processor.  No message of the last commits is delivered again, so the
+        committers' journals say so, and the next start puts nothing in doubt (nor says
+        it does).  Anything less, and the next start reads the last commits back."""
+        spark, out = self.config.spark, self.drainer.outcome
+        if spark is None or out is None or self.state.terminator.phase is Phase.EXPIRED:
+            return
+        if out.unacked or out.stay or any(w.unanswered for w in out.written):
+            return
+        from ..spark.wiring import mark_journals_clean
+
+        runtime = self.config.runtime
+        try:
+            mark_journals_clean(spark, runtime.state_dir or runtime.dir,
+                                self.config.pipeline.name, list(self.config.batchers))
+        except OSError as exc:   # the next start reads the last commits back: safe
+            log.warning("could not mark the Spark commit journals clean: %s", exc)
 
     async def _start_unless_stopped(self) -> bool:
         """Start the tree; a stop asked for meanwhile (a Spark server takes seconds to come

@@ -126,6 +126,30 @@ def clear_staging(spark: SparkConfig, state_dir: str, batchers: list[str]) -> in
     return removed
 
 
+def journal_folder(state_dir: str) -> str:
+    """Where the committers keep their journals of commit stamps (stages/spark/spark_once.py),
+    one file per ``<pipeline>.<batcher>``."""
+    return os.path.join(state_dir, "spark-commits")
+
+
+def mark_journals_clean(spark: SparkConfig, state_dir: str, pipeline: str,
+                        batchers: list[str]) -> int:
+    """After a run that left nothing to come back (every message settled at its source,
+    every committed row answered): each committer's journal says so, and the next start
+    puts nothing in doubt.  How many journals were marked (none without exactly once)."""
+    if not spark.exactly_once:
+        return 0
+    from offbroadway.stages.spark.spark_once import Journal  # pyarrow: only at the end
+
+    marked = 0
+    for key in batchers:
+        path = os.path.join(journal_folder(state_dir), f"{pipeline}.{key}")
+        if os.path.exists(path):
+            Journal(path).mark_clean()
+            marked += 1
+    return marked
+
+
 def sink_settings(spark: SparkConfig, state_dir: str = "") -> dict[str, Any]:
     """What a committer's stage spec carries: the sink's keyword arguments and the group
     commit's, token-free (only where a remote's token is, never the token)."""
@@ -133,7 +157,7 @@ def sink_settings(spark: SparkConfig, state_dir: str = "") -> dict[str, Any]:
         "staging": spark.staging or (staging_root(state_dir) if state_dir else None),
         # the committers' journals of commit stamps (stages/spark/spark_once.py): local state;
         # none without exactly_once (no journal, no ids in doubt: at-least-once)
-        "journal": os.path.join(state_dir, "spark-commits") if state_dir else None,
+        "journal": journal_folder(state_dir) if state_dir else None,
         "exactly_once": spark.exactly_once,
         "output": spark.output, "format": spark.format, "table": spark.table or None,
         "partition_by": list(spark.partition_by), "schema": spark.schema or None,

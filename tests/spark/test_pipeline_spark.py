@@ -594,9 +594,15 @@ def test_the_readme_job_twice_adds_rows_to_the_same_dataset(short_tmp: Path, spa
         if isinstance(order, dict) and "unit_price" in order:
             order["unit_price"] = int(order["unit_price"]) + 1
         whole.append(json.dumps(order))
+    # every committed row was acknowledged: the journal says so, and the next start puts
+    # nothing in doubt (nor says it does)
+    journal = short_tmp / "state" / "spark-commits" / "orders.spark"
+    assert journal.read_text().split()[-1] == "clean"
     (spool / "b.jsonl").write_text("\n".join(whole) + "\n")
     second = run(config, env)
     assert second.returncode == 0, second.stderr[-3000:]
+    assert "in doubt" not in second.stderr, second.stderr[-3000:]
+    assert journal.read_text().split()[-1] == "clean"
     n2 = int(wrote.search(second.stdout)[1])
     after = pq.read_table(out / "spark")
     assert after.num_rows == n1 + n2 and n2 >= 990
