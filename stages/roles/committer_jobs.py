@@ -352,13 +352,7 @@ class CommitterJobs:
             if hit is None:
                 out.append(h)
                 continue
-            n = pc.sum(hit).as_py() or 0
-            skipped += n
-            job.left_out[id(h)] = job.left_out.get(id(h), 0) + n
-            kept = table.filter(pc.invert(hit))
-            if len(kept):
-                self.staging.write(kept, h.file)
-                out.append(h)
+            skipped += self._leave_out(job, h, table, hit, out)
         job.follows = {id(work[i]) for i in follows}
         job.in_job = {id(h) for h in out}
         self.counters["already_written"] += skipped
@@ -477,19 +471,26 @@ class CommitterJobs:
                 out.append(h)
                 continue
             table = self.staging.read(h.file)
-            hit = pc.is_in(table.column("message_id"), value_set=found)
-            n = pc.sum(hit).as_py() or 0
-            if not n:
-                out.append(h)
-                continue
-            dropped += n
-            job.left_out[id(h)] = job.left_out.get(id(h), 0) + n
-            kept = table.filter(pc.invert(hit))
-            if len(kept):
-                self.staging.write(kept, h.file)
-                out.append(h)
+            dropped += self._leave_out(
+                job, h, table, pc.is_in(table.column("message_id"), value_set=found), out)
         job.found = dropped
         return out
+
+    def _leave_out(self, job: Job, h: Handed, table: pa.Table, hit: pa.Array,
+                   out: list[Handed]) -> int:
+        """Drop the rows ``hit`` marks from batch ``h``'s staged file (rewritten; the
+        batch stays in the job, in ``out``, only if a row is left); how many were dropped."""
+        assert self.staging is not None
+        n = pc.sum(hit).as_py() or 0
+        if not n:
+            out.append(h)
+            return 0
+        job.left_out[id(h)] = job.left_out.get(id(h), 0) + n
+        kept = table.filter(pc.invert(hit))
+        if len(kept):
+            self.staging.write(kept, h.file)
+            out.append(h)
+        return n
 
     # -- a job is over -----------------------------------------------------------------------
     def finish(self, job: Job) -> Finished | None:

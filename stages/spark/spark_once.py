@@ -108,24 +108,15 @@ class Journal:
         in the file, and the mark no longer ends the journal."""
         if not self.path.exists():
             return
-        self._append(CLEAN)
+        _append(self.path, CLEAN)
 
     def record(self, stamp: datetime) -> None:
         """Durably, before the job starts: a crash after this line leaves the commit in
         doubt, never unknown."""
         if self._lines >= 10 * KEEP:
             self._compact()
-        self._append(stamp.isoformat())
+        _append(self.path, stamp.isoformat())
         self._lines += 1
-
-    def _append(self, line: str) -> None:
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            # a leading newline ends a line torn by a crash (blank lines are skipped)
-            os.write(fd, f"\n{line}\n".encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
     # -- the server-side sessions of this committer's incarnations ----------------------
     @property
@@ -143,12 +134,7 @@ class Journal:
     def add_session(self, session_id: str) -> None:
         """Durably, before the session's first call: a crash after this line leaves the
         session findable by the next incarnation."""
-        fd = os.open(self._sessions_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            os.write(fd, f"\n{session_id}\n".encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _append(self._sessions_path, session_id)
 
     def settled(self, settled: list[str]) -> None:
         """The sessions ``settled`` are over on the server: forgotten (so the file holds
@@ -173,6 +159,17 @@ def _replace(path: Path, lines: list[str]) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
+
+
+def _append(path: Path, line: str) -> None:
+    """One line, durably (fsync'd) and on its own: a leading newline ends a line torn by
+    a crash (blank lines are skipped when read)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.write(fd, f"\n{line}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class Doubt:

@@ -20,34 +20,10 @@ module                 what it carries
 :mod:`.values`         the values codec (msgpack plus datetime, date, time, Decimal, UUID)
 =====================  ====================================================================
 
-Data plane (GenStage's messages):
-
-=============  ====================  ====================================================
-kind           direction             fields
-=============  ====================  ====================================================
-SUBSCRIBE      consumer → producer   max_demand, min_demand, partition (or None), ref (int)
-SUBSCRIBED     producer → consumer   policy (str): the producer's dispatcher, "spread",
-                                     "demand" or "partition"; ref echoed from SUBSCRIBE
-ASK            consumer → producer   n (new demand, added to what is outstanding)
-RETRACT        consumer → producer   n: take back up to n of the consumer's unmet demand
-RETRACTED      producer → consumer   k: how much was taken back (k ≤ n, k ≤ unmet demand)
-RETURN         consumer → producer   events (packed) it received and will not start soon
-                                     (long jobs that arrived together): back to the buffer
-EVENTS         producer → consumer   status, batch_key, events (packed): many per frame
-CANCEL         either way            reason (str); from a producer it also means "done"
-ACK            finisher → origin     ok tokens, failed [token, reason] pairs
-BATCH          batcher → batch proc  batch_key, trigger, events (packed; one batch per frame)
-=============  ====================  ====================================================
-
-Control plane (stage ↔ daemon, over the daemon's hub socket):
-
-=============  ====================  ====================================================
-COMMAND        daemon → stage        name, args (dict)
-REPORT         stage → daemon        name, body (dict): ``stats``, ``idle``, ``done``…
-=============  ====================  ====================================================
-
-Spark hand-off (a batch processor and its batcher's committer): HELLO, SCHEMA, COMMIT,
-RESULT, in :mod:`.handoff`.
+Each of those modules lists its frames with their direction and fields: the data plane
+(GenStage's messages) in :mod:`.subscription` and :mod:`.delivery`, the control plane
+(stage ↔ daemon, over the daemon's hub socket) in :mod:`.commands`, the Spark hand-off
+(a batch processor and its batcher's committer) in :mod:`.handoff`.
 """
 
 from __future__ import annotations
