@@ -33,6 +33,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import msgspec
@@ -54,6 +55,23 @@ log = logging.getLogger("offbroadway.committer")
 #: reached at all (SparkSink.probe), once a second while it runs
 PROBE_AFTER = 2.0
 
+
+
+@dataclass(frozen=True)
+class LastCommit:
+    """The last job that wrote rows: when it ended (epoch seconds), its rows, its seconds."""
+
+    at: float
+    rows: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Unreachable:
+    """Spark found unreachable: since when (epoch seconds), and the probe's reason."""
+
+    since: float
+    why: str
 
 class CommitterStage(Stage):
     """``io``: its sockets (:class:`ZmqIO`); ``sink``: its Spark side (:class:`SparkPort`),
@@ -86,10 +104,10 @@ class CommitterStage(Stage):
         #: the helper thread running :attr:`jobs`' running job (None: none)
         self._thread: threading.Thread | None = None
         self._timer_at: float | None = None
-        #: the last job that wrote rows: (epoch seconds it ended, rows, seconds it took)
-        self._last_commit: tuple[float, int, float] | None = None
-        #: Spark found unreachable: (epoch seconds since, why); see _watch_spark
-        self._down: tuple[float, str] | None = None
+        #: the last job that wrote rows (``status`` shows it)
+        self._last_commit: LastCommit | None = None
+        #: Spark found unreachable: since when and why; see _watch_spark
+        self._down: Unreachable | None = None
         self._probing = False
 
     @property
@@ -159,14 +177,14 @@ class CommitterStage(Stage):
         if why is None:
             if down is not None:
                 log.info("%s: Spark reachable again (unreachable for %.0f s)", self.id,
-                         time.time() - down[0])
+                         time.time() - down.since)
             self._down = None
         elif down is None:
-            self._down = (at, why)
+            self._down = Unreachable(at, why)
             log.warning("%s: Spark unreachable (%s); the job waits, and so does the source",
                         self.id, why)
         else:
-            self._down = (down[0], why)
+            self._down = Unreachable(down.since, why)
 
     def teardown(self) -> None:
         # A job still running is waited for (heartbeating): left alone it would become a
@@ -190,10 +208,10 @@ class CommitterStage(Stage):
         return {**super().stats(), "waiting_batches": len(self.groups),
                 "waiting_rows": self.groups.waiting_rows,
                 "committing": sum(h.rows for h in job.items) if job is not None else 0,
-                "spark_unreachable_since": None if self._down is None else self._down[0],
-                "spark_unreachable": None if self._down is None else self._down[1],
+                "spark_unreachable_since": None if self._down is None else self._down.since,
+                "spark_unreachable": None if self._down is None else self._down.why,
                 "last_commit": None if last is None else
-                {"at": last[0], "rows": last[1], "seconds": last[2]}}
+                {"at": last.at, "rows": last.rows, "seconds": last.seconds}}
 
     # -- frames from batch processors ------------------------------------------------------
     def _on_frames(self, sock: zmq.Socket) -> None:
@@ -319,7 +337,7 @@ class CommitterStage(Stage):
         schema_ipc = self.jobs.schema_ipc()
         if done.rows:
             self._reachable(None, time.time())   # it wrote: Spark answers
-            self._last_commit = (time.time(), done.rows, took)
+            self._last_commit = LastCommit(time.time(), done.rows, took)
             self.metrics.observe("spark_write", took, self.spec.batcher)
             self.metrics.observe("spark_commit_rows", done.rows, self.spec.batcher)
         # the books before the answers: the daemon's count of rows written must not trail
