@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from offbroadway.stages.runtime.spec import JOURNAL_FOLDER, journal_file
 from offbroadway.stages.spark import spark_remote
 from offbroadway.supervision.spec import Restart, WorkerSpec
 
@@ -129,7 +130,7 @@ def clear_staging(spark: SparkConfig, state_dir: str, batchers: list[str]) -> in
 def journal_folder(state_dir: str) -> str:
     """Where the committers keep their journals of commit stamps (stages/spark/spark_once.py),
     one file per ``<pipeline>.<batcher>``."""
-    return os.path.join(state_dir, "spark-commits")
+    return os.path.join(state_dir, JOURNAL_FOLDER)
 
 
 def mark_journals_clean(spark: SparkConfig, state_dir: str, pipeline: str,
@@ -143,7 +144,7 @@ def mark_journals_clean(spark: SparkConfig, state_dir: str, pipeline: str,
 
     marked = 0
     for key in batchers:
-        path = os.path.join(journal_folder(state_dir), f"{pipeline}.{key}")
+        path = journal_file(journal_folder(state_dir), pipeline, key)
         if os.path.exists(path):
             Journal(path).mark_clean()
             marked += 1

@@ -40,7 +40,7 @@ import msgspec
 import pyarrow as pa
 import zmq
 
-from ..runtime.spec import CommitterSpark, StageSpec
+from ..runtime.spec import JOURNAL_FOLDER, CommitterSpark, StageSpec, journal_file
 from ..runtime.stage import Stage, StageExit, ZmqIO
 from ..spark.spark_commit import Handed
 from ..spark.spark_failures import WriteAbandoned
@@ -91,8 +91,8 @@ class CommitterStage(Stage):
         self.sink_settings = msgspec.structs.replace(settings.sink, staging=root)
         self.staging_root = root.rstrip("/") + "/" + spec.batcher
         journals = settings.journal or os.path.join(spec.state_dir or spec.runtime_dir,
-                                                    "spark-commits")
-        journal = Journal(os.path.join(journals, f"{spec.pipeline}.{spec.batcher}")) \
+                                                    JOURNAL_FOLDER)
+        journal = Journal(journal_file(journals, spec.pipeline, spec.batcher)) \
             if settings.exactly_once else None
         self.counters.update(batches=0, commits=0, commit_failures=0, already_written=0,
                              looked_up=0)

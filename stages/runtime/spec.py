@@ -28,6 +28,17 @@ import msgspec
 DEFAULT_ROWS = 200_000
 DEFAULT_INTERVAL = 4.0
 
+
+def journal_file(folder: str, pipeline: str, batcher: str) -> str:
+    """A committer's journal of commit stamps (stages/spark/spark_once.py): one file per
+    pipeline and batcher in ``folder`` (``<state dir>/spark-commits`` unless the spec says);
+    the committer writes it, the daemon marks it clean after a clean stop."""
+    return os.path.join(folder, f"{pipeline}.{batcher}")
+
+
+#: the journals' folder under the state dir, unless a spec's ``journal`` says otherwise
+JOURNAL_FOLDER = "spark-commits"
+
 STAGE_ENV = "OFFBROADWAY_STAGE"
 #: the one processor key (``[processors.default]``; Broadway allows only ``:default``): in
 #: the config, the processors' stage ids and the ``processor`` argument of handle_message
