@@ -37,6 +37,7 @@ from ..config.names import BATCH_PROCESSOR, committer_id, key_of, role_of
 from ..config.records import Config
 from . import outcome as outcome_mod
 from . import stopbudget
+from .failing import FailingLedger
 from .reactions import Reactions, Send
 from .status import Board
 from .terminator import Terminator
@@ -73,6 +74,8 @@ class PipelineState:
         self.reactions = Reactions(topology, config.processors[PROCESSOR_KEY].max_crashes)
         self.terminator = Terminator(topology)
         self.board = Board(topology)
+        #: the failed messages in circulation, from the producers' notes (:mod:`.failing`)
+        self.ledger = FailingLedger()
         self.adopt(config, topology)
 
     def wire(self, config: Config) -> Topology:
@@ -97,23 +100,31 @@ class PipelineState:
     def report(self, stage_id: str, report: commands.Report) -> Effects:
         """A stage's report: its figures for status and the totals, and the terminator's
         and the resize's inputs."""
+        sends: list[Send] = []
         if isinstance(report, (commands.Stats, commands.Done, commands.Settled,
-                               commands.Left)) and "pid" in report.stats:
-            self.board.record(stage_id, report.stats)
+                               commands.Left)):
+            notes = report.stats.pop("notes", None)
+            if notes:
+                # a producer's failure-book notes: the pipeline's books, and what the
+                # other producers must change in theirs (:mod:`.failing`)
+                sends = self.ledger.take(stage_id, notes, self.topology.producers)
+            if "pid" in report.stats:
+                self.board.record(stage_id, report.stats)
         t = self.terminator
         if isinstance(report, commands.Idle):
             return Effects(idle=t.idle_report(stage_id, report.idle))
         if isinstance(report, commands.Done):
             t.report_done(stage_id)
-            return Effects(progress=True)
+            return Effects(sends=sends, progress=True)
         if isinstance(report, commands.Settled):
             t.report_settled(stage_id)
-            return Effects(progress=True)
+            return Effects(sends=sends, progress=True)
         if isinstance(report, commands.Hello):
             return Effects(sends=t.hello(stage_id))
         if isinstance(report, commands.Left):
-            return Effects(progress=self.report_left(stage_id))
-        return Effects()
+            return Effects(sends=sends, progress=self.report_left(stage_id))
+        # notes can change the books the drain's summary waits on
+        return Effects(sends=sends, progress=bool(sends))
 
     def supervision(self, event: object, record: Blame | None = None) -> Effects:
         """A supervision event: the reactions (:mod:`.reactions`) decide what to send, and
@@ -145,7 +156,7 @@ class PipelineState:
         limit, pid...)."""
         draining, board = self.terminator.draining, self.board
         producers = self.topology.producers
-        books = failure_books(board, producers)
+        books = failure_books(board, producers, self.ledger)
         return {"pipeline": self.config.pipeline.name,
                 "tree": board.tree(snapshot, "draining" if draining else "running"),
                 "draining": draining, **shell,
@@ -199,7 +210,7 @@ class PipelineState:
                 written.append(outcome_mod.Written(
                     key, board.sum(committer, "out"), board.sum(bps, "out"),
                     board.sum(committer, "already_written")))
-        books = failure_books(board, t.producers)
+        books = failure_books(board, t.producers, self.ledger)
         return outcome_mod.Outcome(
             config.pipeline.name, acked=board.sum(t.producers, "acked"),
             failed=books.failed,
@@ -230,18 +241,28 @@ class FailureBooks:
     retried: int = 0
 
 
-def failure_books(board: Board, producers: list[str]) -> FailureBooks:
+def failure_books(board: Board, producers: list[str], ledger: FailingLedger | None = None,
+                  *, whole: bool = True) -> FailureBooks:
     """One count per message.  A source that knows its messages across deliveries (it
     reports ``failures``, the failed deliveries, beside ``failed``, the messages) is read
     from its own books, over its producer's restarts: messages rejected in every
-    incarnation plus those still failing now.  Others count a failure per settlement,
-    as their producers do."""
+    incarnation plus those still failing now.  Those still failing are the ``ledger``'s
+    when the source notes its books to the daemon (``noted``: RabbitMQ), so a message
+    that failed on one producer and was settled, or failed again, on another counts once
+    as what it became; the pipeline's (``whole``) or those last failed on ``producers``.
+    Others count a failure per settlement, as their producers do."""
     failed = failures = requeued = stay = retried = 0
     where: list[str] = []
+    noted: list[str] = []
     for p in producers:
         src = board.source(p)
         if "failures" in src:
-            failing = int(src.get("failing") or 0)
+            if ledger is not None and src.get("noted"):
+                failing = 0
+                if src.get("failing_in"):
+                    noted.append(src["failing_in"])
+            else:
+                failing = int(src.get("failing") or 0)
             failed += board.sum([p], "source.rejected") + failing
             failures += board.sum([p], "source.failures")
             requeued += board.sum([p], "source.failure_requeued")
@@ -253,6 +274,12 @@ def failure_books(board: Board, producers: list[str]) -> FailureBooks:
             failed += n
             failures += n
             retried += int(src.get("failure_requeued", src.get("naked", 0)) or 0)
+    if ledger is not None and noted:
+        failing = ledger.count(None if whole else producers)
+        failed += failing
+        stay += failing
+        if failing:
+            where.extend(w for w in dict.fromkeys(noted) if w not in where)
     return FailureBooks(failed, failures, requeued, stay, "; ".join(where), retried)
 
 

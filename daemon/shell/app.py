@@ -156,7 +156,9 @@ class Daemon:
 
     def send(self, sends: list[Send]) -> None:
         for s in sends:
-            if not self.hub.send(s.stage, s.command):
+            if not self.hub.send(s.stage, s.command) and \
+                    not isinstance(s.command, commands.Reconcile):
+                # (a producer gone has no books to reconcile: the daemon's are the truth)
                 # the stage is not connected to the hub: it is down or starting.  A requeue
                 # or release then has nothing to do (a restarting producer's source takes
                 # back what it had in flight, and it starts with nothing held); a

@@ -111,7 +111,8 @@ class Drainer:
             if src:
                 log.info("%s: source %s fetched %s, acked %s, failed %s, unacked %s", p,
                          src.get("source"), board.sum([p], "in"), board.sum([p], "acked"),
-                         failure_books(board, [p]).failed, src.get("unacked"))
+                         failure_books(board, [p], self.state.ledger, whole=False).failed,
+                         src.get("unacked"))
         self.outcome = self.state.outcome()
         for line in self.outcome.lines():
             print(line, flush=True)

@@ -16,6 +16,7 @@ previous incarnation can never name a message of this one.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from itertools import repeat
@@ -43,6 +44,11 @@ from ..wire import events as ev
 from .downstream import Downstream
 
 log = logging.getLogger("offbroadway.producer")
+
+#: the reports that carry a stage's figures, and with them its source's notes
+_FIGURES = (commands.Stats, commands.Settled, commands.Left, commands.Done)
+#: notes kept for a report at most (a hub that refuses reports for long loses the oldest)
+_NOTES_KEPT = 1 << 20
 
 #: a fetched item's parts (``(id, data, metadata, handle)``: :mod:`.sources.base`), read
 #: at C speed for a whole fetch (whether any metadata notes an ``error``, the handles)
@@ -104,6 +110,9 @@ class ProducerStage(Stage):
         self.accept(commands.Requeue, self._on_requeue)
         self.accept(commands.ReleaseSuspects, self._on_release_suspects)
         self.accept(commands.Window, self._on_window)
+        self.accept(commands.Reconcile, self._on_reconcile)
+        #: the source's failure-book notes not yet sent to the daemon (see :meth:`report`)
+        self._notes: list[list] = []
 
     # -- lifecycle ------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -151,6 +160,26 @@ class ProducerStage(Stage):
                  suspects=len(self.poison), source=src,
                  source_connected=int(connected))
         return s
+
+    def report(self, report: commands.Report) -> None:
+        """A report with the stage's figures carries the source's failure-book notes
+        since the last one (``stats["notes"]``, :meth:`Source.take_notes`): the daemon
+        reconciles the producers' books from them.  Notes a report could not take (the hub
+        refused it) go with the next one."""
+        if isinstance(report, _FIGURES):
+            self._notes.extend(self.source.take_notes())
+            if self._notes:
+                notes = self._notes
+                if len(notes) > _NOTES_KEPT:
+                    del notes[:-_NOTES_KEPT]
+                report = dataclasses.replace(report, stats={**report.stats, "notes": notes})
+                super().report(report)
+                self._notes = []
+                return
+        super().report(report)
+
+    def _on_reconcile(self, command: commands.Reconcile) -> None:
+        self.source.reconcile(command.settled, command.moved)
 
     # -- frames from consumers ------------------------------------------------------------------
     def _on_frame(self, peer: bytes, msg: list) -> None:

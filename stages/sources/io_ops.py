@@ -52,5 +52,15 @@ class Window:
     prefetch: int
 
 
+@dataclass(frozen=True, slots=True)
+class Reconcile:
+    """The daemon's word on messages in the source's failure books, as ``(digest, when)``
+    pairs: ``settled`` were acked or rejected by a sibling producer since, ``moved`` failed
+    again on one (see :mod:`.rabbitmq.settle`)."""
+
+    settled: list[Any]
+    moved: list[Any]
+
+
 #: every operation an I/O thread may be handed
-IoOp = Ack | Fail | Requeue | Pause | Resume | Window
+IoOp = Ack | Fail | Requeue | Pause | Resume | Window | Reconcile

@@ -39,6 +39,8 @@ Leave               processors, batch   a resize removes it: cancel its subscrip
                     processors          finish what it holds, report Left
 Subscribe           batchers            a resize added a processor: subscribe to it
 Window              producers           a resize changed the auto prefetch window
+Reconcile           producers           messages in its source's failure books were
+                                        settled, or failed again, on a sibling producer
 ==================  ==================  ==============================================
 
 Reports (stage → daemon): :class:`Hello` (up, with its pid), :class:`Stats` (every tick),
@@ -279,9 +281,33 @@ class Window(Command):
             raise BadCommand("prefetch must be at least 1")
 
 
+#: kinds of a source's failure-book note (``Source.take_notes``), carried in a producer's
+#: report as ``stats["notes"]``: ``[kind, digest, when]``
+NOTE_FAILED, NOTE_SETTLED = 0, 1
+
+
+@dataclass(frozen=True)
+class Reconcile(Command):
+    """What left a producer's failure books on a sibling producer, as ``[digest, when]``
+    pairs (``when``: ``time.monotonic()``, one clock for the processes of a host):
+    ``settled`` messages were acked or rejected there since, ``moved`` ones failed again
+    there (still failing, counted by the sibling)."""
+
+    NAME: ClassVar[str] = "reconcile"
+    settled: list = field(default_factory=list)
+    moved: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for pairs in (self.settled, self.moved):
+            if not isinstance(pairs, list) or not all(
+                    isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], int)
+                    and isinstance(p[1], (int, float)) for p in pairs):
+                raise BadCommand("reconcile: settled and moved are [digest, when] pairs")
+
+
 COMMANDS: dict[str, type[Command]] = {c.NAME: c for c in (
     Shutdown, NoResubscribe, Resubscribe, Requeue, Redelivery, ReleaseSuspects, Pause,
-    Resume, Flush, Batching, LogLevel, Leave, Subscribe, Window)}
+    Resume, Flush, Batching, LogLevel, Leave, Subscribe, Window, Reconcile)}
 
 
 def parse_command(name: object, args: object) -> Command:

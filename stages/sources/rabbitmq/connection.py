@@ -34,7 +34,7 @@ import tenacity
 
 from ...runtime.redact import describe_error, mask_url
 from ..base import Item, backoff_wait, next_attempt
-from ..io_ops import Ack, Fail, IoOp, Pause, Requeue, Resume, Window
+from ..io_ops import Ack, Fail, IoOp, Pause, Reconcile, Requeue, Resume, Window
 from ..mailbox import Mailbox
 from .delivery import item_of, to_item
 from .frames import install as install_frames
@@ -343,6 +343,7 @@ class Consumer:
         self.deliveries += 1
         if method.redelivered:
             self.redelivered += 1
+            self.settle.redelivered_open.add(method.delivery_tag)
         probe = self.probe
         if probe.zero_probes or probe.empty_confirmed:
             probe.delivered()
@@ -362,6 +363,7 @@ class Consumer:
         self.deliveries += 1
         if redelivered:
             self.redelivered += 1
+            self.settle.redelivered_open.add(tag)
         probe = self.probe
         if probe.zero_probes or probe.empty_confirmed:
             probe.delivered()
@@ -381,6 +383,8 @@ class Consumer:
                     settle.ack(handles)
                 case Fail(failures):
                     settle.fail(failures)
+                case Reconcile(settled, moved):
+                    settle.reconcile(settled, moved)
                 case Requeue(handles):
                     try:
                         settle.requeue(handles)

@@ -54,6 +54,21 @@ of the pipeline and keep a core busy for ever.  While held it stays unsettled on
 the broker like any other unsettled delivery.  :meth:`Settlement.only_failures_left` tells
 the idle probe when everything still in circulation is such a message: ``--until-idle``
 then stops instead of waiting for a queue that cannot empty.
+
+Several producers on one queue.  Each producer's channel sees only its own deliveries: a
+message that failed here and was requeued may come back to a sibling producer of the
+same daemon and be acked or rejected there.  So the books are told to the daemon as
+notes (:attr:`Settlement.notes`, drained by the producer with each report): the message's
+digest (``hash`` of its key: the producers of a daemon share their hash seed) and the
+time, for every failure that went back to the queue and for every *redelivered* message
+settled for good (acked or rejected; a message that never went back to the queue cannot
+be in anyone's books, so first deliveries, the hot path, note nothing).  The daemon keeps
+the pipeline's books from them (``offbroadway.daemon.core.failing``) and tells each
+producer what left its books elsewhere (:meth:`Settlement.reconcile`): a message settled
+by a sibling since its failure here is dropped; one that failed again on a sibling stays
+known here (it is still in circulation, and fails: the idle probe must count it) but is
+the sibling's to count (:attr:`Settlement.elsewhere`), so the producers' figures add up
+to each failed message once.
 """
 
 from __future__ import annotations
@@ -64,6 +79,7 @@ from collections import deque
 from typing import Any, Iterable
 
 from ...poison.guard import POISON_REASON
+from ...wire.commands import NOTE_FAILED, NOTE_SETTLED
 from ..base import Failure
 from .delivery import RabbitMQHandle
 from .settings import ALWAYS_REQUEUE
@@ -81,6 +97,9 @@ SINGLE_REQUEUES = 64
 #: ``RETRY_BASE * 2 ** (n - 2)`` seconds, at most ``RETRY_MAX``; the first goes back at once
 RETRY_BASE = 0.1
 RETRY_MAX = 5.0
+#: notes kept for the daemon at most (a report drains them every second): a redelivery of
+#: a whole crashed window settled within a second fits
+NOTES_MAX = 1 << 18
 
 
 def retry_delay(strikes: int) -> float:
@@ -109,6 +128,15 @@ class Settlement:
         #: key -> failures in this run, of the messages that failed and went back to the
         #: queue (or are held before going back) and were not settled otherwise since
         self.failing: dict[Any, int] = {}
+        #: the keys of ``failing`` that failed again on a sibling producer since they
+        #: failed here: known, not counted here (see the module's doc)
+        self.elsewhere: set[Any] = set()
+        #: digest -> (key, when it last failed here), for the keys of ``failing``
+        self._digests: dict[int, tuple[Any, float]] = {}
+        #: (NOTE_FAILED or NOTE_SETTLED, digest, when) for the daemon; the producer drains
+        self.notes: deque[tuple[int, int, float]] = deque(maxlen=NOTES_MAX)
+        #: open tags of redelivered messages: only their settlements are noted
+        self.redelivered_open: set[int] = set()
         #: tag -> when it is requeued: failures held back (see :func:`retry_delay`)
         self.cooling: dict[int, float] = {}
         #: failed messages a requeuing policy rejected: they would only fail again
@@ -131,6 +159,7 @@ class Settlement:
         self.unsent.clear()
         self.requeue_owed.clear()
         self.cooling.clear()          # the broker has them back
+        self.redelivered_open.clear()
 
     @property
     def owed(self) -> bool:
@@ -139,8 +168,15 @@ class Settlement:
 
     @property
     def failed(self) -> int:
-        """Messages failed in this run: rejected, or back in the queue after failing."""
-        return self.rejected + len(self.failing)
+        """Messages failed in this run: rejected, or back in the queue after failing
+        (here last: :attr:`counted`)."""
+        return self.rejected + self.counted
+
+    @property
+    def counted(self) -> int:
+        """The messages of ``failing`` this producer counts: those that did not fail on a
+        sibling since (each failing message is counted by the producer it failed on last)."""
+        return max(0, len(self.failing) - len(self.elsewhere))
 
     @property
     def unacked(self) -> int:
@@ -177,12 +213,46 @@ class Settlement:
                 continue
             open_tags.discard(tag)
             unsent.add(tag)
-            if failing:
-                failing.pop(h.key, None)    # it failed before, and now it went through
+            if failing and h.key in failing:
+                self._forget(h.key)          # it failed before, and now it went through
         if len(unsent) > before:
             self.acked += len(unsent) - before
             if not before:
                 self._unsent_since = time.monotonic()
+        if self.redelivered_open:
+            self._note_settled(handles)
+
+    def _note_settled(self, handles: list[RabbitMQHandle]) -> None:
+        """Note the redelivered messages among ``handles`` that were settled just now
+        (their tag left :attr:`redelivered_open`)."""
+        rd, inc, notes, now = self.redelivered_open, self.incarnation, self.notes, 0.0
+        for h in handles:
+            if h.tag in rd and h.incarnation == inc:
+                rd.discard(h.tag)
+                if h.key is not None:
+                    now = now or time.monotonic()
+                    notes.append((NOTE_SETTLED, hash(h.key), now))
+
+    def _forget(self, key: Any) -> None:
+        """``key`` left the books: acked or rejected (here or on a sibling)."""
+        del self.failing[key]
+        self.elsewhere.discard(key)
+        self._digests.pop(hash(key), None)
+
+    def reconcile(self, settled: Iterable[Any], moved: Iterable[Any]) -> None:
+        """What the daemon says of the messages in these books, as ``(digest, when)``
+        pairs: ``settled`` were acked or rejected by a sibling producer, ``moved`` failed
+        again on one.  Only what happened after this producer's own last failure of the
+        message counts (a late word says nothing of a later failure here)."""
+        digests = self._digests
+        for digest, when in settled:
+            entry = digests.get(digest)
+            if entry is not None and entry[1] < when:
+                self._forget(entry[0])
+        for digest, when in moved:
+            entry = digests.get(digest)
+            if entry is not None and entry[1] < when:
+                self.elsewhere.add(entry[0])
 
     def fail(self, failures: list[Failure]) -> None:
         """The failure policy: reject (to the dead-letter exchange), or requeue; a
@@ -203,18 +273,27 @@ class Settlement:
                 requeue = False
                 final.append(reason)
             key = handle.key
+            now = now or time.monotonic()
+            if handle.redelivered:
+                self.redelivered_open.discard(tag)
             if not requeue:
-                failing.pop(key, None)
+                if key in failing:
+                    self._forget(key)
+                if handle.redelivered and key is not None:
+                    self.notes.append((NOTE_SETTLED, hash(key), now))
                 self.rejected += 1
                 self.settle_one(tag, requeue=False)
                 continue
             self.failure_requeued += 1
             strikes = failing.get(key, 0) + 1
             failing[key] = strikes
+            digest = hash(key)
+            self._digests[digest] = (key, now)
+            self.elsewhere.discard(key)       # failed here last: counted here
+            self.notes.append((NOTE_FAILED, digest, now))
             if strikes < 2:
                 self.settle_one(tag, requeue=True)
                 continue
-            now = now or time.monotonic()
             self.cooling[tag] = now + retry_delay(strikes)
         if final:
             self.rejected_final += len(final)
@@ -248,10 +327,13 @@ class Settlement:
     def _owe_requeue(self, handles: Iterable[RabbitMQHandle]) -> int:
         open_tags, owed = self.open_tags, self.requeue_owed
         before = len(owed)
+        rd = self.redelivered_open
         for h in handles:
             if h.tag in open_tags:
                 open_tags.discard(h.tag)
                 owed.add(h.tag)
+                if rd:
+                    rd.discard(h.tag)         # back to the queue, not settled
             else:
                 self.stale += 1
         if before == 0 and owed:

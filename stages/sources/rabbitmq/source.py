@@ -37,7 +37,7 @@ from ..base import (
     not_contacted,
 )
 from ..decode import body_decoder, decode_bodies
-from ..io_ops import Ack, Fail, Pause, Requeue, Resume, Window
+from ..io_ops import Ack, Fail, Pause, Reconcile, Requeue, Resume, Window
 from ..mailbox import Mailbox
 from .connection import Consumer
 from .settings import (
@@ -207,6 +207,17 @@ class RabbitMQSource(Source):
             self._io.requeues_asked += 1
             self._io.command(Requeue(handles))
 
+    def take_notes(self) -> list[list]:
+        """The failure books' notes for the daemon (:mod:`.settle`), oldest first."""
+        notes, out = self._io.settle.notes, []
+        while notes:          # the I/O thread appends meanwhile: popleft is thread-safe
+            out.append(list(notes.popleft()))
+        return out
+
+    def reconcile(self, settled: list[Any], moved: list[Any]) -> None:
+        if settled or moved:
+            self._io.command(Reconcile(settled, moved))
+
     def exhausted(self) -> bool:
         """Nothing buffered and the broker confirmed the queue has no ready message
         (:mod:`.probe`), after the last requeue we asked for.  The messages a requeue hands
@@ -260,9 +271,10 @@ class RabbitMQSource(Source):
             "prefetch_auto": s.prefetch_auto, "on_failure": s.on_failure,
             "fetched": self.fetched, "acked": settle.acked,
             # messages, not deliveries: rejected ones and those back in the queue after
-            # failing (``failing``); ``failures`` counts the failed deliveries
+            # failing here last (``failing``); ``failures`` counts the failed deliveries.
+            # ``noted``: the daemon keeps the pipeline's books from this source's notes
             "failed": settle.failed, "failures": settle.failures,
-            "failing": len(settle.failing), "failing_in": s.failing_in(),
+            "failing": settle.counted, "failing_in": s.failing_in(), "noted": True,
             "retry_held": len(settle.cooling),
             "rejected": settle.rejected, "dead_lettered": settle.rejected,
             "failure_requeued": settle.failure_requeued,

@@ -1,0 +1,110 @@
+"""The pipeline's failed messages still in circulation, from its producers' notes.
+
+A source that requeues failed messages (RabbitMQ's ``reject_and_requeue``, the first
+failure under ``reject_and_requeue_once``) keeps per producer the messages that failed and
+went back to the queue, so that it counts each once however often it comes back.  With
+several producers on one queue, a message that failed on one of them can come back to
+another and be acked or rejected there, or fail there again: each producer alone would
+keep it as failing, or count it twice.  So the producers note to the daemon, with their
+reports (``stats["notes"]``, ``[kind, digest, when]``), every failure that went back to
+the queue (``NOTE_FAILED``) and every *redelivered* message they settled for good, acked
+or rejected (``NOTE_SETTLED``): a first delivery cannot be in anyone's books, so the hot
+path notes nothing.  A digest is ``hash()`` of the message's identity in the producer's
+process; the producers of a daemon share their hash seed (:data:`.topology.HASH_SEED`), so
+one message has one digest in all of them.  ``when`` is ``time.monotonic()``, one clock
+for the processes of a host: notes come in reports a second apart, and the later event
+wins whatever order its notes arrive in.
+
+:class:`FailingLedger` keeps, per digest, the last failure and the producer it happened
+on (that producer counts it); a settlement after it ends it.  A settlement whose failure
+has not arrived yet (its producer reports later) is remembered for :data:`SETTLED_WINDOW`
+seconds (at most :data:`SETTLED_MAX` of them), so the late failure is known as settled.
+Each note that changes another producer's books becomes a :class:`~commands.Reconcile`
+for it: what it must drop, and what failed again elsewhere (still failing, counted there).
+
+Several daemons on one queue remain out of reach: RabbitMQ does not tell a consumer what
+the others settle.  Pure: the daemon hands the notes in and sends what comes out.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+from offbroadway.stages.wire import commands
+from offbroadway.stages.wire.commands import NOTE_FAILED, NOTE_SETTLED
+
+from .reactions import Send
+
+#: how long a settlement is remembered for a failure noted late (reports come every second)
+SETTLED_WINDOW = 60.0
+#: settlements remembered at most (the oldest go first)
+SETTLED_MAX = 200_000
+
+
+class FailingLedger:
+    def __init__(self) -> None:
+        #: digest -> (when it last failed, the producer it failed on): the pipeline's
+        #: failed messages back in the queue (or held before going back)
+        self.failing: dict[int, tuple[float, str]] = {}
+        #: digest -> when a redelivered message was settled for good, oldest first
+        self._settled: dict[int, float] = {}
+        self._latest = 0.0
+        #: has any producer noted anything (a source that keeps these books)?
+        self.noted = False
+
+    def count(self, owners: Iterable[str] | None = None) -> int:
+        """Failed messages still in circulation (those last failed on ``owners``)."""
+        if owners is None:
+            return len(self.failing)
+        wanted = set(owners)
+        return sum(1 for _, stage in self.failing.values() if stage in wanted)
+
+    def take(self, stage: str, notes: object, producers: Iterable[str]) -> list[Send]:
+        """``stage``'s notes; the :class:`~commands.Reconcile` each other producer of
+        ``producers`` is owed because of them."""
+        if not isinstance(notes, list):
+            return []
+        self.noted = True
+        failing, settled = self.failing, self._settled
+        drop: dict[str, list] = defaultdict(list)
+        moved: dict[str, list] = defaultdict(list)
+        peers = [p for p in producers if p != stage]
+        for note in notes:
+            try:
+                kind, digest, when = note
+                when = float(when)
+            except (TypeError, ValueError):
+                continue
+            if not isinstance(digest, int):
+                continue
+            self._latest = max(self._latest, when)
+            last = failing.get(digest)
+            if kind == NOTE_FAILED:
+                ended = settled.get(digest)
+                if ended is not None and ended > when:
+                    drop[stage].append([digest, ended])     # settled since, elsewhere
+                elif last is None or last[0] <= when:
+                    failing[digest] = (when, stage)
+                    if last is not None and last[1] != stage:
+                        moved[last[1]].append([digest, when])
+                elif last[1] != stage:
+                    moved[stage].append([digest, last[0]])  # failed later elsewhere
+            elif kind == NOTE_SETTLED:
+                if last is not None and last[0] < when:
+                    del failing[digest]
+                    for p in peers:
+                        drop[p].append([digest, when])
+                settled.pop(digest, None)
+                settled[digest] = when
+        self._forget_old()
+        return [Send(p, commands.Reconcile(settled=drop.get(p, []), moved=moved.get(p, [])))
+                for p in sorted(set(drop) | set(moved))]
+
+    def _forget_old(self) -> None:
+        settled, horizon = self._settled, self._latest - SETTLED_WINDOW
+        while settled:
+            digest, when = next(iter(settled.items()))
+            if when >= horizon and len(settled) <= SETTLED_MAX:
+                return
+            del settled[digest]
