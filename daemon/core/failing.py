@@ -10,7 +10,7 @@ reports (``stats["notes"]``, ``[kind, digest, when]``), every failure that went 
 the queue (``NOTE_FAILED``) and every *redelivered* message they settled for good, acked
 or rejected (``NOTE_SETTLED``): a first delivery cannot be in anyone's books, so the hot
 path notes nothing.  A digest is ``hash()`` of the message's identity in the producer's
-process; the producers of a daemon share their hash seed (:data:`.topology.HASH_SEED`), so
+process; the producers of a daemon share their hash seed (``daemon/spark/wiring.py``), so
 one message has one digest in all of them.  ``when`` is ``time.monotonic()``, one clock
 for the processes of a host: notes come in reports a second apart, and the later event
 wins whatever order its notes arrive in.

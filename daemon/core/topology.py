@@ -31,8 +31,6 @@ restarts every committer with the new server's address and token.
 from __future__ import annotations
 
 import math
-import os
-import secrets
 import sys
 from dataclasses import dataclass, field
 from typing import Callable
@@ -70,14 +68,6 @@ from offbroadway.supervision.spec import (
 )
 
 WORKER_ARGV = (sys.executable, "-m", "offbroadway.stages.worker")
-#: the string hash seed of every producer this daemon starts (restarts and resizes
-#: included): a source that knows a message by ``hash()`` of its body (RabbitMQ, without a
-#: ``message_id``) then knows it under the same number in each producer's process, so the
-#: daemon can reconcile their failure books (:mod:`.failing`).  Random per daemon (the
-#: hash stays unguessable from outside), or the daemon's own if its environment fixes one
-HASH_SEED = (os.environ["PYTHONHASHSEED"]
-             if os.environ.get("PYTHONHASHSEED", "").isdigit()
-             else str(secrets.randbelow(2**32 - 1) + 1))
 #: Broadway's intensity for the supervisors the config does not set (its supervisors are
 #: started with max_restarts 3 in max_seconds 5), said here: the supervision library
 #: defaults to OTP's 1 in 5 s
@@ -316,8 +306,7 @@ def build(config: Config, *, stage_env: Callable[[str], dict[str, str]] | None =
                          dispatcher=config.producer.dispatcher,
                          buffer_size=config.producer.buffer_size,
                          partition_by=proc.partition_by, consumer_count=proc.concurrency,
-                         max_crashes=proc.max_crashes, **base),
-               env_fn=lambda: {"PYTHONHASHSEED": HASH_SEED})
+                         max_crashes=proc.max_crashes, **base))
         for i, pid in enumerate(topo.producers)]
     processors = [
         worker(StageSpec(id=cid, role=PROCESSOR, index=i, upstream=tuple(topo.producers),

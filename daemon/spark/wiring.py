@@ -37,10 +37,20 @@ from offbroadway.stages.runtime.spec import JOURNAL_FOLDER, journal_file
 from offbroadway.stages.spark import spark_remote
 from offbroadway.supervision.spec import Restart, WorkerSpec
 
+from ..config.names import PRODUCER, role_of
 from ..config.records import Config, SparkConfig
 from ..core import stopbudget
 from ..core.topology import Topology, build, log_env
 from .settings import ARGV, ServerSettings, free_port
+
+#: the string hash seed of every producer this daemon starts (their restarts and a resize's
+#: new producers included): a source that knows a message by ``hash()`` of its body
+#: (RabbitMQ, without a ``message_id``) then knows it under one number in every producer's
+#: process, and the daemon reconciles their failure books by it (core/failing.py).  Random
+#: per daemon, so it stays unguessable from outside; the daemon's own if its environment
+#: fixes one
+HASH_SEED = (os.environ["PYTHONHASHSEED"] if os.environ.get("PYTHONHASHSEED", "").isdigit()
+             else str(secrets.randbelow(2**32 - 1) + 1))
 
 SPARK_CHILD_ID = "spark"
 
@@ -229,9 +239,12 @@ class Wiring:
             self.spark_settings = spark.settings
 
     def build(self, config: Config) -> Topology:
-        """``config``'s tree, wired to this daemon's Spark server."""
+        """``config``'s tree, wired to this daemon's Spark server; its producers share
+        this daemon's :data:`HASH_SEED`."""
         env = log_env(config)
-        return build(config, stage_env=lambda _sid: env, spark_child=self.spark_child,
+        producer_env = {**env, "PYTHONHASHSEED": HASH_SEED}
+        return build(config, stage_env=lambda sid: producer_env if role_of(sid) == PRODUCER
+                     else env, spark_child=self.spark_child,
                      committer_env=self.committer_env, spark_settings=self.spark_settings)
 
 

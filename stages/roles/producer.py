@@ -163,11 +163,13 @@ class ProducerStage(Stage):
 
     def report(self, report: commands.Report) -> None:
         """A report with the stage's figures carries the source's failure-book notes
-        since the last one (``stats["notes"]``, :meth:`Source.take_notes`): the daemon
-        reconciles the producers' books from them.  Notes a report could not take (the hub
-        refused it) go with the next one."""
-        if isinstance(report, _FIGURES):
-            self._notes.extend(self.source.take_notes())
+        since the last one (``stats["notes"]``: daemon/core/failing.py), from which the
+        daemon reconciles the producers' books.  Notes a report could not take (the hub
+        refused it) go with the next one.  A source whose failure books are its own alone
+        (or that keeps none) has no ``take_notes``."""
+        take_notes = getattr(self.source, "take_notes", None)
+        if take_notes is not None and isinstance(report, _FIGURES):
+            self._notes.extend(take_notes())
             if self._notes:
                 notes = self._notes
                 if len(notes) > _NOTES_KEPT:
@@ -179,7 +181,9 @@ class ProducerStage(Stage):
         super().report(report)
 
     def _on_reconcile(self, command: commands.Reconcile) -> None:
-        self.source.reconcile(command.settled, command.moved)
+        reconcile = getattr(self.source, "reconcile", None)
+        if reconcile is not None:
+            reconcile(command.settled, command.moved)
 
     # -- frames from consumers ------------------------------------------------------------------
     def _on_frame(self, peer: bytes, msg: list) -> None:

@@ -233,20 +233,6 @@ class Source(abc.ABC):
         and ``unacked`` (messages this source still owes: delivered but not settled)."""
         return {"source": self.name}
 
-    # -- failure books shared by the producers of a daemon (optional) --------------------------
-    def take_notes(self) -> list[list]:
-        """What happened to messages that may be in a sibling producer's failure books
-        since the last call, as ``[kind, digest, when]`` (``NOTE_FAILED``: failed and back
-        in the queue; ``NOTE_SETTLED``: a redelivered message acked or rejected): the
-        producer hands them to the daemon with its report.  A source whose failure books
-        are its own alone (or that keeps none) has nothing to say."""
-        return []
-
-    def reconcile(self, settled: list[Any], moved: list[Any]) -> None:
-        """The daemon's word on messages in this source's failure books, as ``(digest,
-        when)`` pairs: ``settled`` were acked or rejected by a sibling producer since,
-        ``moved`` failed again on one (see :meth:`take_notes`)."""
-
 
 # -- option helpers, shared by every source so errors read the same everywhere ---------------
 

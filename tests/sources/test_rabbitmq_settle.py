@@ -81,3 +81,30 @@ def test_a_lost_connection_forgets_what_was_owed() -> None:
     assert channel.frames == [] and not settle.owed
     settle.requeue(h[5:])                    # handles of the dead incarnation: stale
     assert (settle.requeued, settle.stale) == (5, 5)
+
+
+def test_failure_books_note_what_a_sibling_producer_may_hold_and_take_its_word() -> None:
+    """Notes go to the daemon for failures requeued and redelivered messages settled, not
+    for first deliveries acked; the daemon's word drops or hands over what is known."""
+    from offbroadway.stages.wire.commands import NOTE_FAILED, NOTE_SETTLED
+
+    settle, _channel, _ = delivered(4)
+    first = [RabbitMQHandle(1, t, False, key=f"m{t}") for t in (1, 2, 3)]
+    settle.ack([first[0]])
+    assert not settle.notes                              # the hot path notes nothing
+    settle.fail([(first[1], "bad"), (first[2], "bad")])  # requeued: m2 and m3 failing
+    assert [(k, d) for k, d, _ in settle.notes] == [(NOTE_FAILED, hash("m2")),
+                                                    (NOTE_FAILED, hash("m3"))]
+    at = settle.notes[-1][2]
+    settle.notes.clear()
+    assert (settle.failed, len(settle.failing)) == (2, 2)
+    settle.reconcile([[hash("m2"), at + 1]], [[hash("m3"), at + 1]])
+    # m2 went through on a sibling; m3 failed again there: known here, counted there
+    assert (settle.failed, settle.counted, set(settle.failing)) == (0, 0, {"m3"})
+    settle.reconcile([[hash("m3"), at - 1]], [])      # older than our failure: stale
+    assert set(settle.failing) == {"m3"}
+    settle.delivered(5)
+    settle.redelivered_open.add(5)                     # m3 back, redelivered, acked here
+    settle.ack([RabbitMQHandle(1, 5, True, key="m3")])
+    assert not settle.failing and not settle.redelivered_open
+    assert [(k, d) for k, d, _ in settle.notes] == [(NOTE_SETTLED, hash("m3"))]
