@@ -206,6 +206,10 @@ class Settlement:
         live = self.channel is not None
         before = len(unsent)
         failing = self.failing
+        if self.redelivered_open:
+            # noted before the tags leave ``open_tags``: a report whose ``unacked`` says
+            # they are settled carries their notes (the producer reads stats, then notes)
+            self._note_settled(handles)
         for h in handles:
             tag = h.tag
             if h.incarnation != inc or not live or tag not in open_tags:
@@ -219,12 +223,10 @@ class Settlement:
             self.acked += len(unsent) - before
             if not before:
                 self._unsent_since = time.monotonic()
-        if self.redelivered_open:
-            self._note_settled(handles)
 
     def _note_settled(self, handles: list[RabbitMQHandle]) -> None:
-        """Note the redelivered messages among ``handles`` that were settled just now
-        (their tag left :attr:`redelivered_open`)."""
+        """Note the redelivered messages among ``handles`` that :meth:`ack` settles (open
+        on this incarnation: their tag is in :attr:`redelivered_open`)."""
         rd, inc, notes, now = self.redelivered_open, self.incarnation, self.notes, 0.0
         for h in handles:
             if h.tag in rd and h.incarnation == inc:
