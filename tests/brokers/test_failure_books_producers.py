@@ -162,3 +162,21 @@ def walk(node: dict):
     yield node
     for c in node.get("children", []):
         yield from walk(c)
+
+
+def test_messages_failing_for_ever_on_both_producers_end_the_run_counted_once(
+        short_tmp: Path, rabbit) -> None:
+    """The default policy and only messages that fail on every delivery, which the broker
+    hands to both producers in turn: ``--until-idle`` still ends (exit 3), each message
+    counted once, and the broker holds them all."""
+    n = 40
+    queue = rabbit.queue()
+    publish(rabbit, queue, [{"fail": True}] * n)
+    proc = run_until_idle(config_for(short_tmp, queue, "reject_and_requeue", prefetch=1000),
+                          timeout=120)
+    assert proc.returncode == 3, (proc.stdout[-2000:], proc.stderr[-4000:])
+    line = summary(proc.stdout)
+    assert f"e2e: 0 messages acked, {n} failed" in line, line
+    last = [ln for ln in proc.stderr.splitlines() if "--until-idle" in ln]
+    assert last and f"{n} message(s) stay in queue {queue!r}" in last[-1], proc.stderr[-3000:]
+    wait_until(lambda: rabbit.ready(queue) == n, timeout=10, message=f"{n} back in the queue")
