@@ -36,10 +36,12 @@ from offbroadway.stages.wire.commands import NOTE_FAILED, NOTE_SETTLED
 
 from .reactions import Send
 
-#: how long a settlement is remembered for a failure noted late (reports come every second)
-SETTLED_WINDOW = 60.0
-#: settlements remembered at most (the oldest go first)
-SETTLED_MAX = 200_000
+#: how long a settlement is remembered for a failure noted late (reports come every
+#: second; a producer's loop held up for longer than this is not expected)
+SETTLED_WINDOW = 30.0
+#: settlements remembered at most, the oldest going first (about 100 bytes each: a crashed
+#: window of 65,000 deliveries redelivered and settled fits)
+SETTLED_MAX = 100_000
 
 
 class FailingLedger:

@@ -189,7 +189,8 @@ class Settlement:
         still in circulation one that failed in this run?  Everything in circulation is
         the queue's ready messages and what this channel holds; each failing message is
         one of them, so when they add up to no more than ``failing``, nothing else is
-        there (exact with one consumer on the queue)."""
+        there (exact with one consumer on the queue; with sibling producers, ``failing``
+        loses what they settled once the daemon says so: :meth:`reconcile`)."""
         failing = len(self.failing)
         if not failing or self.requeue_owed or self.unsent or self.channel is None:
             return False
