@@ -207,34 +207,56 @@ def faulty_run(net: Link, server, tmp: Path, rabbit, *, n: int, fault, retry: fl
     return err
 
 
+TBF = ("tbf", "rate", "1mbit", "burst", "32kbit", "latency", "50ms")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("spec", [("netem", "delay", "100ms", "loss", "5%"),
-                                  ("tbf", "rate", "1mbit", "burst", "32kbit", "latency",
-                                   "50ms")], ids=["netem", "tbf"])
+@pytest.mark.parametrize(("spec", "loss"), [(("netem", "delay", "100ms", "loss", "5%"), 0),
+                                            (TBF, 0), (TBF, 5)],
+                         ids=["netem", "tbf", "tbf-nft-loss5"])
 def test_delay_and_loss_for_a_minute_slow_the_commits_and_lose_nothing(
-        net: Link, far_spark, short_tmp: Path, rabbit, spec: tuple[str, ...]) -> None:
+        net: Link, far_spark, short_tmp: Path, rabbit, spec: tuple[str, ...],
+        loss: int) -> None:
     """The link degraded for a minute: ``tc netem delay 100ms loss 5%`` each way (200 ms a
     round trip; skipped where the kernel has no netem), or ``tc tbf``: 1 Mbit/s, packets
-    that would queue more than 50 ms dropped.  Commits slower, every id once."""
+    that would queue more than 50 ms dropped, alone or with 5 % of the packets each way
+    lost at random (nftables, :meth:`Link.loss`: loss where the kernel has no netem).
+    Commits slower, every id once."""
     why = net.can(*spec)
     if why is not None:
         pytest.skip(why)
+    if loss:
+        net.require_drop()
     took: dict = {}
 
     def fault(sock: Path) -> None:
         before = figures(sock)["committer"].get("commits", 0)
         net.qdisc(*spec)
+        if loss:
+            net.loss(loss)
         t0 = time.monotonic()
         try:
             while time.monotonic() - t0 < 60:
                 time.sleep(1)   # the fault's length
+            took["counted"] = net.counted()
         finally:
             net.clear()
         took["commits"] = figures(sock)["committer"].get("commits", 0) - before
+        took["seconds"] = time.monotonic() - t0
 
+    t_run = time.monotonic()
     faulty_run(net, far_spark, short_tmp, rabbit, n=150_000, fault=fault)
     assert took["commits"] > 0, "no commit went through the degraded link"
-    print(f"\n{took['commits']} commits in the minute of {' '.join(spec)}")
+    c = took["counted"]
+    assert c["qdisc_sent"] > 0, c   # the qdisc was on the link's way
+    if loss:   # and the loss was: about loss % of what arrived at either end
+        assert c["packets"] > 0 and 0 < c["lost"] <= 2 * loss / 100 * c["packets"], c
+    what = " ".join(spec) + (f" + nft {loss}% loss each way" if loss else "")
+    print(f"\n{took['commits']} commits in the {took['seconds']:.0f} s of {what}; "
+          f"{c['qdisc_sent']} packets through the qdiscs, {c['qdisc_dropped']} dropped there"
+          + (f"; {c['lost']} of {c['packets']} lost by nft "
+             f"({100 * c['lost'] / max(1, c['packets']):.1f} %)" if loss else "")
+          + f"; the run {time.monotonic() - t_run:.0f} s, 150,000 ids each once")
 
 
 @pytest.mark.slow
