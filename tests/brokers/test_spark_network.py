@@ -21,8 +21,9 @@ from offbroadway.supervision.tree import snapshot_nodes
 
 from tests.brokers.test_spark_no_window import backlog_config, publish
 from tests.conftest import REPO, offbroadway_cmd, wait_until
+from tests.e2e.test_pipeline import write_spool
 from tests.spark.conftest import start_server
-from tests.spark.dataset import assert_each_id_once, rows
+from tests.spark.dataset import assert_each_id_once, assert_each_message_exactly_once, rows
 from tests.spark.netns import Link, link
 from tests.spark.test_pipeline_spark import TOKEN_ENV, daemon_env, status
 
@@ -75,11 +76,16 @@ def figures(sock: Path) -> dict:
 def partition_during_a_commit(net: Link, server, tmp: Path, rabbit, *, n: int,
                               seconds: float, retry: float | None = None) -> dict:
     """RabbitMQ (``n`` messages, 2,000 a second) → one batcher → the far Spark; the link
-    down for ``seconds`` once the committer runs a job after a first commit.  Returns
-    what was seen."""
-    net.relay_rabbitmq()
-    queue = rabbit.queue()
-    ids = publish(rabbit, queue, n)
+    down for ``seconds`` once the committer runs a job after a first commit (``rabbit``
+    None: ``n`` spool lines instead, each with its ``seq``).  Every id once, nothing
+    left in the source; returns what was seen."""
+    if rabbit is None:
+        write_spool(tmp / "spool", n, files=2, extra={"route": "default"})
+        queue = None
+    else:
+        net.relay_rabbitmq()
+        queue = rabbit.queue()
+        ids = publish(rabbit, queue, n)
     config = backlog_config(tmp, server, queue, rate=2000, prefetch=4000, batch_size=500,
                             commit_rows=3000, commit_interval=0.5)
     if retry is not None:
@@ -118,8 +124,12 @@ def partition_during_a_commit(net: Link, server, tmp: Path, rabbit, *, n: int,
             daemon.wait()
     err = log.read_text()
     assert code == 0, err[-3000:]
-    assert_each_id_once(tmp, ids, err)
-    assert rabbit.ready(queue) == 0, "messages left in the queue"
+    if rabbit is None:
+        assert_each_message_exactly_once(rows(tmp / "dataset", "default"), n)
+        assert not list((tmp / "spool").glob("*.jsonl")), "spool lines left unacked"
+    else:
+        assert_each_id_once(tmp, ids, err)
+        assert rabbit.ready(queue) == 0, "messages left in the queue"
     seen.update(down_at=down_at, log=err)
     return seen
 
@@ -158,6 +168,17 @@ def check_partition(seen: dict, seconds: float) -> None:
 def test_a_partition_of_10_s_during_a_commit_writes_each_id_once(
         net: Link, far_spark, short_tmp: Path, rabbit) -> None:
     seen = partition_during_a_commit(net, far_spark, short_tmp, rabbit, n=30_000,
+                                     seconds=10)
+    check_partition(seen, 10)
+
+
+@pytest.mark.slow
+def test_a_partition_of_10_s_with_the_spool_as_source_writes_each_line_once(
+        net: Link, far_spark, short_tmp: Path) -> None:
+    """The same cut with the spool as the source (30,000 lines, 2,000 a second): every
+    line in the dataset once (by its ``seq`` and its message id), the spool fully acked,
+    the producer held while the link is down."""
+    seen = partition_during_a_commit(net, far_spark, short_tmp, None, n=30_000,
                                      seconds=10)
     check_partition(seen, 10)
 
