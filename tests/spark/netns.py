@@ -25,7 +25,9 @@ where ``OFFBROADWAY_REQUIRE_CI_TOOLS`` is set; the same for ``nft`` (nftables) w
 test drops packets.  A kernel without a fault's module (``sch_netem``, ``nf_tables``) is
 not a missing tool: that case skips with the kernel's answer.  This machine's kernel has
 ``tbf`` and nftables but no ``netem`` (nor ``fq``/``sfq``): loss and a slow link run here,
-delay itself does not.
+delay itself does not.  Measured (tests/brokers/test_spark_network.py, a minute of
+``tbf`` 1 Mbit/s with 5 % loss each way): 17 of 371 and 22 of 392 packets lost, 86-92
+commits in the minute against 93 on ``tbf`` alone, every id once.
 """
 
 from __future__ import annotations
