@@ -7,7 +7,10 @@ broken).  Every published id is counted against the dataset: 0 lost, 0 twice; th
 is left empty; what was acked is never more than what was written; while the link is
 down the source is held (the producer fetches nothing more once the stages are full),
 memory stays bounded (the stages' RSS before, during, after) and ``status`` says Spark is
-unreachable and since when.
+unreachable and since when.  The same 10 s partition with the spool as the source (slow):
+every line once, the spool fully acked.  Slow too: a two-minute partition, a minute of a
+degraded link (``tc`` qdiscs; packets lost at random with nftables), the Connect server
+restarted mid-commit.
 """
 
 from __future__ import annotations
