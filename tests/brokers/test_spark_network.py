@@ -7,7 +7,10 @@ broken).  Every published id is counted against the dataset: 0 lost, 0 twice; th
 is left empty; what was acked is never more than what was written; while the link is
 down the source is held (the producer fetches nothing more once the stages are full),
 memory stays bounded (the stages' RSS before, during, after) and ``status`` says Spark is
-unreachable and since when.
+unreachable and since when.  The same 10 s partition with the spool as the source (slow):
+every line once, the spool fully acked.  Slow too: a two-minute partition, a minute of a
+degraded link (``tc`` qdiscs; packets lost at random with nftables), the Connect server
+restarted mid-commit.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from offbroadway.supervision.tree import snapshot_nodes
 
 from tests.brokers.test_spark_no_window import backlog_config, publish
 from tests.conftest import REPO, offbroadway_cmd, wait_until
+from tests.e2e.test_pipeline import write_spool
 from tests.spark.conftest import start_server
-from tests.spark.dataset import assert_each_id_once, rows
+from tests.spark.dataset import assert_each_id_once, assert_each_message_exactly_once, rows
 from tests.spark.netns import Link, link
 from tests.spark.test_pipeline_spark import TOKEN_ENV, daemon_env, status
 
@@ -75,11 +79,16 @@ def figures(sock: Path) -> dict:
 def partition_during_a_commit(net: Link, server, tmp: Path, rabbit, *, n: int,
                               seconds: float, retry: float | None = None) -> dict:
     """RabbitMQ (``n`` messages, 2,000 a second) → one batcher → the far Spark; the link
-    down for ``seconds`` once the committer runs a job after a first commit.  Returns
-    what was seen."""
-    net.relay_rabbitmq()
-    queue = rabbit.queue()
-    ids = publish(rabbit, queue, n)
+    down for ``seconds`` once the committer runs a job after a first commit (``rabbit``
+    None: ``n`` spool lines instead, each with its ``seq``).  Every id once, nothing
+    left in the source; returns what was seen."""
+    if rabbit is None:
+        write_spool(tmp / "spool", n, files=2, extra={"route": "default"})
+        queue = None
+    else:
+        net.relay_rabbitmq()
+        queue = rabbit.queue()
+        ids = publish(rabbit, queue, n)
     config = backlog_config(tmp, server, queue, rate=2000, prefetch=4000, batch_size=500,
                             commit_rows=3000, commit_interval=0.5)
     if retry is not None:
@@ -118,8 +127,12 @@ def partition_during_a_commit(net: Link, server, tmp: Path, rabbit, *, n: int,
             daemon.wait()
     err = log.read_text()
     assert code == 0, err[-3000:]
-    assert_each_id_once(tmp, ids, err)
-    assert rabbit.ready(queue) == 0, "messages left in the queue"
+    if rabbit is None:
+        assert_each_message_exactly_once(rows(tmp / "dataset", "default"), n)
+        assert not list((tmp / "spool").glob("*.jsonl")), "spool lines left unacked"
+    else:
+        assert_each_id_once(tmp, ids, err)
+        assert rabbit.ready(queue) == 0, "messages left in the queue"
     seen.update(down_at=down_at, log=err)
     return seen
 
@@ -158,6 +171,17 @@ def check_partition(seen: dict, seconds: float) -> None:
 def test_a_partition_of_10_s_during_a_commit_writes_each_id_once(
         net: Link, far_spark, short_tmp: Path, rabbit) -> None:
     seen = partition_during_a_commit(net, far_spark, short_tmp, rabbit, n=30_000,
+                                     seconds=10)
+    check_partition(seen, 10)
+
+
+@pytest.mark.slow
+def test_a_partition_of_10_s_with_the_spool_as_source_writes_each_line_once(
+        net: Link, far_spark, short_tmp: Path) -> None:
+    """The same cut with the spool as the source (30,000 lines, 2,000 a second): every
+    line in the dataset once (by its ``seq`` and its message id), the spool fully acked,
+    the producer held while the link is down."""
+    seen = partition_during_a_commit(net, far_spark, short_tmp, None, n=30_000,
                                      seconds=10)
     check_partition(seen, 10)
 
@@ -207,34 +231,56 @@ def faulty_run(net: Link, server, tmp: Path, rabbit, *, n: int, fault, retry: fl
     return err
 
 
+TBF = ("tbf", "rate", "1mbit", "burst", "32kbit", "latency", "50ms")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("spec", [("netem", "delay", "100ms", "loss", "5%"),
-                                  ("tbf", "rate", "1mbit", "burst", "32kbit", "latency",
-                                   "50ms")], ids=["netem", "tbf"])
+@pytest.mark.parametrize(("spec", "loss"), [(("netem", "delay", "100ms", "loss", "5%"), 0),
+                                            (TBF, 0), (TBF, 5)],
+                         ids=["netem", "tbf", "tbf-nft-loss5"])
 def test_delay_and_loss_for_a_minute_slow_the_commits_and_lose_nothing(
-        net: Link, far_spark, short_tmp: Path, rabbit, spec: tuple[str, ...]) -> None:
+        net: Link, far_spark, short_tmp: Path, rabbit, spec: tuple[str, ...],
+        loss: int) -> None:
     """The link degraded for a minute: ``tc netem delay 100ms loss 5%`` each way (200 ms a
     round trip; skipped where the kernel has no netem), or ``tc tbf``: 1 Mbit/s, packets
-    that would queue more than 50 ms dropped.  Commits slower, every id once."""
+    that would queue more than 50 ms dropped, alone or with 5 % of the packets each way
+    lost at random (nftables, :meth:`Link.loss`: loss where the kernel has no netem).
+    Commits slower, every id once."""
     why = net.can(*spec)
     if why is not None:
         pytest.skip(why)
+    if loss:
+        net.require_drop()
     took: dict = {}
 
     def fault(sock: Path) -> None:
         before = figures(sock)["committer"].get("commits", 0)
         net.qdisc(*spec)
+        if loss:
+            net.loss(loss)
         t0 = time.monotonic()
         try:
             while time.monotonic() - t0 < 60:
                 time.sleep(1)   # the fault's length
+            took["counted"] = net.counted()
         finally:
             net.clear()
         took["commits"] = figures(sock)["committer"].get("commits", 0) - before
+        took["seconds"] = time.monotonic() - t0
 
+    t_run = time.monotonic()
     faulty_run(net, far_spark, short_tmp, rabbit, n=150_000, fault=fault)
     assert took["commits"] > 0, "no commit went through the degraded link"
-    print(f"\n{took['commits']} commits in the minute of {' '.join(spec)}")
+    c = took["counted"]
+    assert c["qdisc_sent"] > 0, c   # the qdisc was on the link's way
+    if loss:   # and the loss was: about loss % of what arrived at either end
+        assert c["packets"] > 0 and 0 < c["lost"] <= 2 * loss / 100 * c["packets"], c
+    what = " ".join(spec) + (f" + nft {loss}% loss each way" if loss else "")
+    print(f"\n{took['commits']} commits in the {took['seconds']:.0f} s of {what}; "
+          f"{c['qdisc_sent']} packets through the qdiscs, {c['qdisc_dropped']} dropped there"
+          + (f"; {c['lost']} of {c['packets']} lost by nft "
+             f"({100 * c['lost'] / max(1, c['packets']):.1f} %)" if loss else "")
+          + f"; the run {time.monotonic() - t_run:.0f} s, 150,000 ids each once")
 
 
 @pytest.mark.slow

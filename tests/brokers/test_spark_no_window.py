@@ -42,17 +42,22 @@ from tests.spark.test_pipeline_spark import (
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
 
-def backlog_config(tmp: Path, server, queue: str, *, rate: int, prefetch: int | str,
-                   batch_size: int, commit_rows: int | None, commit_interval: float | None,
-                   concurrency: int = 2, processors: int = 2) -> Path:
+def backlog_config(tmp: Path, server, queue: str | None, *, rate: int,
+                   prefetch: int | str, batch_size: int, commit_rows: int | None,
+                   commit_interval: float | None, concurrency: int = 2,
+                   processors: int = 2) -> Path:
     """RabbitMQ → processors → one batcher → Spark (``server``: the suite's; None: the
     daemon's own, ``local[2]``), the producer limited to ``rate`` messages a second with
     a ``prefetch`` window: the window fills at once and drains at the limited rate, so a
     requeued delivery comes back ``prefetch / rate`` seconds after its requeue.
-    ``commit_rows``/``commit_interval`` None: the defaults."""
-    config = make_config(tmp, handler="tests.brokers.handlers:JsonBody", source="rabbitmq",
-                         options={"url": AMQP_URL, "queue": queue,
-                                  "prefetch_count": prefetch},
+    ``commit_rows``/``commit_interval`` None: the defaults.  ``queue`` None: the spool
+    at ``tmp/spool`` is the source instead (``prefetch`` unused), at the same rate."""
+    source = {"handler": "tests.e2e.handlers:Recorder", "source": "spool"} \
+        if queue is None else {"handler": "tests.brokers.handlers:JsonBody",
+                               "source": "rabbitmq",
+                               "options": {"url": AMQP_URL, "queue": queue,
+                                           "prefetch_count": prefetch}}
+    config = make_config(tmp, **source,
                          processors=processors, shutdown_timeout=120.0, max_demand=50,
                          batchers={"default": {"batch_size": batch_size,
                                                "batch_timeout": 0.5,
