@@ -11,6 +11,13 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 import pytest
+
+# The test process itself loads gRPC (the Spark tests talk to Spark Connect in-process),
+# and some supervision tests fork with a Python ``preexec_fn``: gRPC's fork handlers then
+# restart its poller in the forked child, which can abort it (SIGABRT) before it execs.
+# The daemon never loads gRPC (only its CLI's ``spark`` commands and the committer, which
+# forks nothing), so this is the test process's own hazard.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 from offbroadway.daemon.spark.settings import free_port  # noqa: F401 (re-exported: one definition)
 
 REPO = Path(__file__).resolve().parent.parent

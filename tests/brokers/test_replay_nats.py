@@ -20,7 +20,8 @@ from tests.e2e.replay_handlers import written
 from tests.e2e.test_pipeline import make_config
 from tests.e2e.test_replay_spool import dead_letters
 
-pytestmark = pytest.mark.broker
+# slow: replay is in the default run with RabbitMQ, Redis and the spool
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 N = 100
 NO_SKU = set(range(1, N, 10))

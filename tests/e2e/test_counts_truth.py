@@ -17,7 +17,9 @@ from tests.e2e.test_contract import HANDLER, _node, _spool, _status
 from tests.e2e.test_pipeline import make_config
 
 
-@pytest.mark.parametrize("later", [False, True, True], ids=["at-once", "later", "later-again"])
+@pytest.mark.parametrize("later", [False, pytest.param(True, marks=pytest.mark.slow),
+                                   pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["at-once", "later", "later-again"])
 def test_six_lines_and_a_batch_processor_killed_in_the_drain_say_six_acked(
         short_tmp: Path, later: bool) -> None:
     """The kill lands at the drain's start, or right after two batches were acked (their

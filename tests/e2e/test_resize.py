@@ -133,6 +133,8 @@ def resize_midstream(tmp: Path, config: Path, port: int, total: int,
     return {"stdout": out, "stderr": err, "status": last}
 
 
+# the RabbitMQ case (tests/brokers/test_resize_brokers.py) is the default run's
+@pytest.mark.slow
 def test_scale_up_and_down_midstream_spool_exact_books(short_tmp: Path) -> None:
     n = 16_000
     write_spool(short_tmp / "spool", n, files=4, extra={"route": "default"})

@@ -365,6 +365,8 @@ def test_redis_restarted_mid_run_loses_nothing(short_tmp: Path, servers: list[Se
 
 # -- NATS -------------------------------------------------------------------------------------
 
+# the default run restarts NATS in tests/brokers/test_pipeline_nats.py
+@pytest.mark.slow
 def test_nats_restarted_mid_run_loses_nothing(short_tmp: Path, servers: list[Server]) -> None:
     from tests.brokers.natsutil import NATS_URL, Jet
 

@@ -479,6 +479,8 @@ def test_sigkill_of_a_batch_processor_during_a_commit_loses_nothing(
     kill_a_stage_in_a_commit(short_tmp, spark_server, "batch_processor_default_0")
 
 
+# the batch processor's kill is the default run's case; the others are slow
+@pytest.mark.slow
 def test_sigkill_of_the_committer_during_a_commit_loses_nothing(
         short_tmp: Path, spark_server) -> None:
     """The server interrupts the job of a client that died (its jobs are not
@@ -500,6 +502,7 @@ def test_sigkill_of_the_producer_during_a_commit_loses_nothing(
     kill_a_stage_in_a_commit(short_tmp, spark_server, "producer_0")
 
 
+@pytest.mark.slow
 def test_sigkill_of_the_whole_process_group_then_a_rerun_writes_each_line_once(
         short_tmp: Path, spark_server) -> None:
     """The daemon and every stage SIGKILLed at once during a commit (a power cut for the

@@ -52,6 +52,7 @@ def read_all(spark, tmp: Path, table: str | None = None) -> list[dict]:
     return [r.asDict() for r in df.select("seq", "a", "b", "c", "message_id").collect()]
 
 
+@pytest.mark.slow
 def test_a_new_field_becomes_a_column_across_a_kill(short_tmp: Path, spark_server,
                                                     spark) -> None:
     spool(short_tmp, 0, 300)
