@@ -14,9 +14,10 @@ The rows are ``--lines`` order lines like ``examples/spool`` (``{"order", "sku",
   own (argv and env from ``offbroadway.daemon.spark.wiring.plan``), so every run pays the same
   warm JVM.  Timed from the daemon's "pipeline … is up" log line (the producer fetches
   from then on) to the modification time of the last Parquet file Spark wrote; rows
-  counted in the dataset.  Per stage, the CPU seconds its processes used (sampled from
-  ``/proc`` through the status tree), and the Spark server JVM's over the same run, in
-  µs per row.
+  counted in the dataset.  Per stage, the CPU seconds its processes used from the
+  pipeline's start on (sampled from ``/proc`` through the status tree; what they spent
+  before it was up, importing and setting up, is left out, as the references leave out
+  their session's start), and the Spark server JVM's over the same span, in µs per row.
 * **the references**: ``spark_references.py SPOOL 1`` on the same spool files, run as it
   is in a subprocess (its own classic ``local[2]`` session): ``loop``, the twenty-line
   consumer a user would write instead (``json.loads``, price, 100k-row batches →
@@ -63,7 +64,7 @@ from typing import Any
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import sample_cpu, statuses  # bench/ helpers
+from benchlib import sample_cpu, status, statuses  # bench/ helpers
 from spark_sink import _env, start_server
 
 REPO = Path(__file__).resolve().parent.parent
@@ -148,8 +149,24 @@ def run_pipeline(workdir: Path, config_text: str, token: str, jvm: int) -> dict[
                                    str(config), "--until-idle"], cwd=workdir, env=env,
                                   stdout=fout, stderr=ferr, text=True)
         seen: dict[int, tuple[str, float, float, float]] = {}
-        for status in statuses(daemon, str(workdir / "var" / "run" / "control.sock"), 0.5):
-            sample_cpu(status["tree"], seen)
+        # the CPU the stages and the JVM had spent before the pipeline was up (imports,
+        # set-up, the JVM's idle ticks): the last sample taken before the "is up" line,
+        # so that, like the rate, the CPU counts from then on (as the references count
+        # theirs over their timed part only); a stage not seen yet counts from 0
+        base: dict[int, tuple[str, float, float, float]] = {}
+        sock = str(workdir / "var" / "run" / "control.sock")
+        while daemon.poll() is None:
+            s = status(sock)
+            if s is not None:
+                sample_cpu(s["tree"], seen)
+            # read by name: the daemon writes through this very file description, whose
+            # offset a seek here would move
+            if UP.search((workdir / "daemon.err").read_text(errors="replace")):
+                break
+            base, jvm0 = dict(seen), cpu_seconds(jvm)
+            time.sleep(0.02)
+        for status_ in statuses(daemon, sock, 0.5):
+            sample_cpu(status_["tree"], seen)
         daemon.wait(timeout=3600)
         wall = time.time() - t0
         jvm_cpu = cpu_seconds(jvm) - jvm0
@@ -169,10 +186,10 @@ def run_pipeline(workdir: Path, config_text: str, token: str, jvm: int) -> dict[
     rows = pq.read_table(dataset).num_rows
     wrote = re.search(r"wrote (\d+) rows", out)
     cpu: dict[str, float] = dict.fromkeys(ROLES, 0.0)
-    for role, total, _io, _sys in seen.values():
+    for pid, (role, total, _io, _sys) in seen.items():
         key = "committer" if role.startswith("committer") else role
         if key in cpu:
-            cpu[key] += total
+            cpu[key] += total - (base[pid][1] if pid in base else 0.0)
     cpu["jvm"] = jvm_cpu
     return {"rows": rows, "seconds": last - start, "rate": rows / (last - start),
             "wall": wall, "files": len(files), "printed": wrote[0] if wrote else "",

@@ -188,6 +188,7 @@ class _SparkHandoff:
         self.next_ref = secrets.randbits(48)
         #: batches whose commit has not answered, by their COMMIT's ref
         self.pending: dict[int, Committing] = {}
+        _warm_arrow()
 
     @property
     def holding(self) -> bool:
@@ -306,3 +307,11 @@ class _SparkHandoff:
                      "commits them, they are acknowledged without being written again "
                      "when they come back)", self.stage.id,
                      len(self.pending) + len(self.queued), n)
+
+
+def _warm_arrow() -> None:
+    """Import the Spark hand-off's modules and run pyarrow's first conversion (~0.2 s of
+    CPU the first time: its kernels load) while the stage starts, not in its first batch."""
+    from ..spark import spark_rows, spark_staging  # noqa: F401
+
+    spark_rows.infer_schema([{"i": 1, "f": 0.5, "s": "x"}])

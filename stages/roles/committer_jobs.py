@@ -46,6 +46,9 @@ from ..spark.spark_failures import CommitFailed
 from ..spark.spark_once import PEER_BATCHES, RECOVER, WATCH, Doubt, RecentFiles
 from ..spark.spark_staging import StagingDir
 
+#: the name a merged group file starts with (no batch processor's id does)
+MERGED_PREFIX = "group-"
+
 __all__ = ["Answer", "CommitterJobs", "Finished", "Job", "JournalPort", "SparkPort"]
 
 log = logging.getLogger("offbroadway.committer")
@@ -156,6 +159,8 @@ class CommitterJobs:
                  counters: MutableMapping[str, int], journal: JournalPort | None,
                  sink: SparkPort | None = None, staging: StagingDir | None = None) -> None:
         self.id = writer
+        #: the group files merged so far (:meth:`_merged`), for unique names
+        self._merges = 0
         self.batcher = batcher
         self.counters = counters
         self.groups = CommitGroups(rows=int(settings.commit_rows or DEFAULT_ROWS),
@@ -421,15 +426,19 @@ class CommitterJobs:
         stamp = self.sink.next_stamp()
         if self.journal is not None:   # durably before the job: a crash leaves it in doubt
             self.journal.record(stamp)
+        merged = self._merged(work)
         try:
-            self.sink.commit_files(self.batcher, [uri(h.file) for h in work], job.read_schema,
-                                   stamp=stamp)
+            files = [uri(merged)] if merged else [uri(h.file) for h in work]
+            self.sink.commit_files(self.batcher, files, job.read_schema, stamp=stamp)
             return
         except CommitFailed as exc:
             if not exc.permanent or len(work) == 1:
                 for h in work:
                     job.errors[id(h)] = exc.reason
                 return
+        finally:
+            if merged:
+                self.staging.remove([merged])
         for h in work:
             try:
                 stamp = self.sink.next_stamp()
@@ -439,6 +448,25 @@ class CommitterJobs:
                                        stamp=stamp)
             except CommitFailed as exc:
                 job.errors[id(h)] = exc.reason
+
+    def _merged(self, work: list[Handed]) -> str | None:
+        """The group's staged files as one, for Spark to read in one go
+        (:meth:`.StagingDir.merge`: Spark's cost per file), named for this committer so
+        that its next incarnation sweeps a leftover; None for a lone file, or when the
+        merge fails (the files are then committed as they are)."""
+        if len(work) < 2:
+            return None
+        assert self.staging is not None
+        self._merges += 1
+        name = f"{MERGED_PREFIX}{self.id}-{self._merges}.parquet"
+        try:
+            self.staging.merge([h.file for h in work], name)
+        except (OSError, pa.ArrowException, ValueError) as exc:
+            log.info("%s: the group's %d staged files could not be merged (%s); Spark "
+                     "reads them one by one", self.id, len(work), exc)
+            self.staging.remove([name])
+            return None
+        return name
 
     def _drop_written(self, job: Job, work: list[Handed]) -> list[Handed]:
         """In the helper thread, before the job: the redelivered messages of ``work``

@@ -18,7 +18,7 @@ from typing import Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from offbroadway.stages.roles.committer_jobs import CommitterJobs, Job, SparkPort
+from offbroadway.stages.roles.committer_jobs import MERGED_PREFIX, CommitterJobs, Job, SparkPort
 from offbroadway.stages.runtime.spec import CommitterSpark, SinkSettings
 from offbroadway.stages.spark import spark_rows
 from offbroadway.stages.spark.spark_commit import Handed
@@ -136,7 +136,9 @@ def test_a_group_is_one_job_journaled_before_it_runs_and_every_batch_answered(
     hand(jobs, 2, range(60, 120))
     _, answers = run(jobs)
     assert answers == [(1, None), (2, None)]
-    assert len(spark.commits) == 1 and len(spark.commits[0][1]) == 2   # one job, two files
+    # one job, reading the group's two staged files merged into one (Spark's cost per file)
+    assert len(spark.commits) == 1 and len(spark.commits[0][1]) == 1
+    assert spark.commits[0][1][0].rsplit("/", 1)[1].startswith(MERGED_PREFIX)
     stamp = spark.commits[0][0]
     assert jobs.journal is not None and jobs.journal.last() == [stamp]   # journaled
     assert sorted(s for _, s, _ in spark.rows) == list(range(120))
@@ -144,6 +146,8 @@ def test_a_group_is_one_job_journaled_before_it_runs_and_every_batch_answered(
     # the committed files stay while their batch processor may restart (their ids would
     # be in doubt then); nothing else is left staged
     assert jobs.recent.names() == {f"{BP.decode()}-1.parquet", f"{BP.decode()}-2.parquet"}
+    assert jobs.staging is not None
+    assert sorted(jobs.staging.names()) == sorted(jobs.recent.names())   # the merge gone
 
 
 def test_a_restart_puts_the_job_in_doubt_and_does_not_write_its_rows_again(
