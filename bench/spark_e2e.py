@@ -25,9 +25,12 @@ The rows are ``--lines`` order lines like ``examples/spool`` (``{"order", "sku",
   pre-parsed.  The yardsticks sit beside the repository (``../shared/bench/``, or
   ``--references PATH``), not in it: without them the bench runs the pipeline alone and
   says so.
-* **pipeline, RabbitMQ** (after the rounds unless ``--no-rabbitmq``): the same config with
-  the RabbitMQ source (``prefetch_count = "auto"``) on a queue preloaded with the same
-  lines, JSON decoded by the handler.
+* **pipeline, RabbitMQ** (after the rounds unless ``--no-rabbitmq``; ``--rabbitmq-rounds``
+  of them): the same config with the RabbitMQ source (``prefetch_count = "auto"``) on a
+  queue preloaded with the same lines, JSON decoded by the handler; each beside a run of
+  ``rabbitmq_spark_reference.py SPOOL 1`` (the plain pika consumer a user would write
+  instead, beside the repository as well, or ``--rabbitmq-reference PATH``), the order
+  swapped every round: the ratio per round and its median.
 
 ``--commit ROWS/SECONDS`` adds, per round, the spool pipeline with ``[spark]
 commit_rows`` and ``commit_interval`` set so: how the commit size moves the JVM's cost.
@@ -69,6 +72,7 @@ from spark_sink import _env, start_server
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCES = REPO.parent / "shared" / "bench" / "spark_references.py"
+RABBIT_REFERENCE = REPO.parent / "shared" / "bench" / "rabbitmq_spark_reference.py"
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 TOKEN_ENV = "OB_BENCH_SPARK_TOKEN"
 UP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*pipeline \S+ is up", re.M)
@@ -210,6 +214,21 @@ def references(script: Path, spool: Path) -> dict[str, float]:
     return {k: float(v) for k, v in found.items()} | {"load": os.getloadavg()[0]}
 
 
+def rabbit_reference(script: Path, spool: Path) -> dict[str, float]:
+    """``rabbitmq_spark_reference.py SPOOL 1``, run as it is (it publishes the lines
+    itself): {"rate": rows/s, "cpu": its CPU µs per row}."""
+    proc = subprocess.run([sys.executable, str(script), str(spool), "1", AMQP_URL],
+                          env=_env(), capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise SystemExit(f"rabbitmq reference failed ({proc.returncode}):\n"
+                         f"{proc.stderr[-3000:]}")
+    rate = re.search(r"^median rabbitmq loop (\d+)", proc.stdout, re.M)
+    cpu = re.search(r"^cpu per row rabbitmq loop ([\d.]+) us", proc.stdout, re.M)
+    assert rate, proc.stdout[-2000:]
+    return {"rate": float(rate[1]), "cpu": float(cpu[1]) if cpu else float("nan"),
+            "load": os.getloadavg()[0]}
+
+
 def preload(queue: str, lines: list[str]) -> None:
     import pika
 
@@ -244,6 +263,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--no-rabbitmq", action="store_true")
     ap.add_argument("--references", type=Path, default=REFERENCES)
+    ap.add_argument("--rabbitmq-rounds", type=int, default=1,
+                    help="RabbitMQ runs after the spool rounds, each beside a run of "
+                         "rabbitmq_spark_reference.py on the same lines (order swapped "
+                         "every round)")
+    ap.add_argument("--rabbitmq-reference", type=Path, default=RABBIT_REFERENCE)
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--commit", metavar="ROWS/SECONDS", default=None,
                     help="also run the spool pipeline with [spark] commit_rows and "
@@ -267,6 +291,8 @@ def main() -> int:
     loops: list[float] = []
     alones: list[float] = []
     rabbit: dict[str, Any] | None = None
+    rabbits: list[dict[str, Any]] = []
+    rabbit_refs: list[dict[str, Any]] = []
     varied: list[dict[str, Any]] = []
     #: with --once both: the runs with exactly_once off (``runs`` holds those with it on)
     unonce: list[dict[str, Any]] = []
@@ -318,19 +344,54 @@ def main() -> int:
                     print(f"    / loop {r['rate'] / loops[-1]:.2f}", flush=True)
                 if not args.keep:
                     shutil.rmtree(work, ignore_errors=True)
-        if not args.no_rabbitmq:
-            queue = f"spark-e2e-{os.getpid()}"
-            t0 = time.monotonic()
-            preload(queue, lines)
-            print(f"published {len(lines)} lines in {time.monotonic() - t0:.1f} s", flush=True)
-            try:
-                work = tmp / "rabbit"
-                work.mkdir()
-                rabbit = run_pipeline(work, example_config(remote, rabbit_queue=queue), token,
-                                      jvm)
-                show("pipeline, RabbitMQ, config/example.toml", rabbit)
-            finally:
-                delete_queue(queue)
+        rabbit_ref = args.rabbitmq_reference if args.rabbitmq_reference.is_file() else None
+        if not args.no_rabbitmq and rabbit_ref is None:
+            print(f"no RabbitMQ yardstick at {args.rabbitmq_reference}: the pipeline alone",
+                  flush=True)
+        for rnd in range(0 if args.no_rabbitmq else args.rabbitmq_rounds):
+            def pipeline_run(rnd: int = rnd) -> dict[str, Any]:
+                queue = f"spark-e2e-{os.getpid()}-{rnd}"
+                t0 = time.monotonic()
+                preload(queue, lines)
+                print(f"published {len(lines)} lines in {time.monotonic() - t0:.1f} s",
+                      flush=True)
+                try:
+                    work = tmp / f"rabbit-{rnd}"
+                    work.mkdir()
+                    r = run_pipeline(work, example_config(remote, rabbit_queue=queue), token,
+                                     jvm)
+                    show(f"rabbitmq round {rnd + 1}: pipeline, RabbitMQ, config/example.toml",
+                         r)
+                    return r
+                finally:
+                    delete_queue(queue)
+                    if not args.keep:
+                        shutil.rmtree(tmp / f"rabbit-{rnd}", ignore_errors=True)
+
+            def reference_run(rnd: int = rnd) -> dict[str, Any] | None:
+                if rabbit_ref is None:
+                    return None
+                spool = tmp / f"rabbit-refs-{rnd}"
+                write_spool(spool, lines)
+                try:
+                    return rabbit_reference(rabbit_ref, spool)
+                finally:
+                    shutil.rmtree(spool, ignore_errors=True)
+
+            if rnd % 2 == 0:
+                r, ref = pipeline_run(), reference_run()
+            else:
+                ref = reference_run()
+                r = pipeline_run()
+            rabbits.append(r)
+            rabbit = r
+            if ref is not None:
+                rabbit_refs.append(ref)
+                mine = sum(r["us_per_row"].values())
+                print(f"rabbitmq round {rnd + 1}: reference {ref['rate']:,.0f} rows/s (load "
+                      f"{ref['load']:.1f}); pipeline / reference {r['rate'] / ref['rate']:.2f}"
+                      f"; CPU us/row pipeline {mine:.1f} (the broker's not included), "
+                      f"reference {ref['cpu']:.1f} ({mine / ref['cpu']:.2f}x)", flush=True)
     finally:
         server.terminate()
         server.wait(60)
@@ -358,8 +419,18 @@ def main() -> int:
         print(f"| pipeline, spool, commit {args.commit} | {len(varied)} | {v:,.0f} | "
               f"{ratio(v, loop)} | {ratio(v, alone)} |")
     if rabbit is not None:
-        print(f"| pipeline, RabbitMQ | 1 | {rabbit['rate']:,.0f} | {ratio(rabbit['rate'], loop)}"
-              f" | {ratio(rabbit['rate'], alone)} |")
+        rm = statistics.median(r["rate"] for r in rabbits)
+        print(f"| pipeline, RabbitMQ | {len(rabbits)} | {rm:,.0f} | {ratio(rm, loop)}"
+              f" | {ratio(rm, alone)} |")
+    if rabbit_refs:
+        ratios = [r["rate"] / f["rate"] for r, f in zip(rabbits, rabbit_refs)]
+        print(f"\nRabbitMQ: pipeline / rabbitmq_spark_reference per round "
+              f"{', '.join(f'{x:.2f}' for x in ratios)}, median {statistics.median(ratios):.2f}"
+              f"; reference median {statistics.median(f['rate'] for f in rabbit_refs):,.0f} "
+              f"rows/s, CPU us/row {statistics.median(f['cpu'] for f in rabbit_refs):.1f}; "
+              f"pipeline per stage: " + "  ".join(
+                  f"{k} {statistics.median(r['us_per_row'][k] for r in rabbits):.1f}"
+                  for k in ROLES))
     if loop:
         print(f"| references: loop | {len(loops)} | {loop:,.0f} | 1.00 | {ratio(loop, alone)} |")
         print(f"| references: alone | {len(alones)} | {alone:,.0f} | | 1.00 |")

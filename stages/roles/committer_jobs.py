@@ -28,6 +28,7 @@ A job's life (docs/design-spark.md §4-5):
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import uuid
@@ -41,13 +42,17 @@ import pyarrow.compute as pc
 
 from ..runtime.spec import CommitterSpark
 from ..spark import spark_rows
-from ..spark.spark_commit import DEFAULT_INTERVAL, DEFAULT_ROWS, CommitGroups, Handed
+from ..spark.spark_commit import (
+    DEFAULT_INTERVAL,
+    DEFAULT_ROWS,
+    Answer,
+    CommitGroups,
+    Finished,
+    Handed,
+)
 from ..spark.spark_failures import CommitFailed
 from ..spark.spark_once import PEER_BATCHES, RECOVER, WATCH, Doubt, RecentFiles
-from ..spark.spark_staging import StagingDir
-
-#: the name a merged group file starts with (no batch processor's id does)
-MERGED_PREFIX = "group-"
+from ..spark.spark_staging import MERGED_PREFIX, StagingDir
 
 __all__ = ["Answer", "CommitterJobs", "Finished", "Job", "JournalPort", "SparkPort"]
 
@@ -68,7 +73,8 @@ class SparkPort(Protocol):
     def ids_present(self, batcher: str, ids: pa.Array) -> pa.Array: ...
     def next_stamp(self) -> datetime: ...
     def commit_files(self, batcher: str, files: Sequence[str], schema: pa.Schema,
-                     rows: int | None = None, stamp: datetime | None = None) -> datetime: ...
+                     rows: int | None = None, stamp: datetime | None = None,
+                     stamped: bool = False) -> datetime: ...
     def probe(self, timeout: float = 2.0) -> str | None: ...
     def close(self) -> None: ...
 
@@ -129,24 +135,6 @@ class Job:
     lookup_seconds: float = 0.0
 
 
-@dataclass(frozen=True)
-class Answer:
-    """The committer's answer to one batch: written (``error`` None) or failed."""
-
-    peer: bytes
-    ref: int
-    error: str | None
-
-
-@dataclass(frozen=True)
-class Finished:
-    """What a finished commit means for the stage: the rows it wrote (its batches that did
-    not fail, less the rows left out of them) and one answer per batch."""
-
-    rows: int
-    answers: list[Answer]
-
-
 class CommitterJobs:
     """The committer's books and its jobs' lifecycle (see the module docstring).
 
@@ -159,8 +147,7 @@ class CommitterJobs:
                  counters: MutableMapping[str, int], journal: JournalPort | None,
                  sink: SparkPort | None = None, staging: StagingDir | None = None) -> None:
         self.id = writer
-        #: the group files merged so far (:meth:`_merged`), for unique names
-        self._merges = 0
+        self._merges = itertools.count(1)   # a merged group file's number
         self.batcher = batcher
         self.counters = counters
         self.groups = CommitGroups(rows=int(settings.commit_rows or DEFAULT_ROWS),
@@ -426,10 +413,15 @@ class CommitterJobs:
         stamp = self.sink.next_stamp()
         if self.journal is not None:   # durably before the job: a crash leaves it in doubt
             self.journal.record(stamp)
-        merged = self._merged(work)
+        merged: str | None = f"{MERGED_PREFIX}{self.id}-{next(self._merges)}.parquet"
+        why = self.staging.merge([h.file for h in work], merged, stamp)
+        if why is not None:   # Spark reads them as they are, the stamp in the plan
+            log.info("%s: the group's files could not be merged: %s", self.id, why)
+            merged = None
         try:
             files = [uri(merged)] if merged else [uri(h.file) for h in work]
-            self.sink.commit_files(self.batcher, files, job.read_schema, stamp=stamp)
+            self.sink.commit_files(self.batcher, files, job.read_schema, stamp=stamp,
+                                   stamped=merged is not None)
             return
         except CommitFailed as exc:
             if not exc.permanent or len(work) == 1:
@@ -448,25 +440,6 @@ class CommitterJobs:
                                        stamp=stamp)
             except CommitFailed as exc:
                 job.errors[id(h)] = exc.reason
-
-    def _merged(self, work: list[Handed]) -> str | None:
-        """The group's staged files as one, for Spark to read in one go
-        (:meth:`.StagingDir.merge`: Spark's cost per file), named for this committer so
-        that its next incarnation sweeps a leftover; None for a lone file, or when the
-        merge fails (the files are then committed as they are)."""
-        if len(work) < 2:
-            return None
-        assert self.staging is not None
-        self._merges += 1
-        name = f"{MERGED_PREFIX}{self.id}-{self._merges}.parquet"
-        try:
-            self.staging.merge([h.file for h in work], name)
-        except (OSError, pa.ArrowException, ValueError) as exc:
-            log.info("%s: the group's %d staged files could not be merged (%s); Spark "
-                     "reads them one by one", self.id, len(work), exc)
-            self.staging.remove([name])
-            return None
-        return name
 
     def _drop_written(self, job: Job, work: list[Handed]) -> list[Handed]:
         """In the helper thread, before the job: the redelivered messages of ``work``

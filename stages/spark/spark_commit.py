@@ -40,6 +40,24 @@ class Handed:
     schema: bytes = field(default=b"", repr=False)   # its Arrow schema, IPC bytes
 
 
+@dataclass(frozen=True)
+class Answer:
+    """The committer's answer to one batch: written (``error`` None) or failed."""
+
+    peer: bytes
+    ref: int
+    error: str | None
+
+
+@dataclass(frozen=True)
+class Finished:
+    """What a finished commit means for the stage: the rows it wrote (its batches that did
+    not fail, less the rows left out of them) and one answer per batch."""
+
+    rows: int
+    answers: list[Answer]
+
+
 class CommitGroups:
     """Batches waiting for a Spark job, and the decision to start one."""
 

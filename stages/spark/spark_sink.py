@@ -178,10 +178,13 @@ class SparkSink(DatasetReads):
         return stamp
 
     def commit_files(self, batcher: str, files: Sequence[str], schema: pa.Schema,
-                     rows: int | None = None, stamp: datetime | None = None) -> datetime:
+                     rows: int | None = None, stamp: datetime | None = None,
+                     stamped: bool = False) -> datetime:
         """One Spark job appending the staged Parquet ``files`` (all in ``schema``: the
         data columns + ``message_id``) to the dataset, with ``ingested_at`` set to the
-        commit's stamp (unique per commit of this sink, returned).
+        commit's stamp (unique per commit of this sink, returned).  ``stamped``: the
+        files carry that ``ingested_at`` column already (``stamp`` is then required;
+        :meth:`.StagingDir.merge` says why that is cheaper for Spark).
 
         Retried on transient errors within ``write_retry_seconds``; raises
         :class:`CommitFailed` or :class:`WriteAbandoned`; returns only once Spark reported
@@ -189,13 +192,16 @@ class SparkSink(DatasetReads):
         dataset = self.dataset_path(batcher)
         if self._permanent_error is not None:
             raise CommitFailed(self._permanent_error, permanent=True)
+        if stamped and stamp is None:
+            raise ValueError("stamped files need their stamp")
         stamp = stamp or self.next_stamp()
         read_schema = from_arrow_schema(schema)
         attempts = [0]
 
         def attempt() -> None:
             attempts[0] += 1
-            self._attempt(dataset, list(files), read_schema, stamp, again=attempts[0] > 1)
+            self._attempt(dataset, list(files), read_schema, stamp, again=attempts[0] > 1,
+                          stamped=stamped)
 
         self._retrying(attempt, f"writing {dataset}")
         self.stats["writes"] += 1
@@ -253,7 +259,7 @@ class SparkSink(DatasetReads):
         log.error("%d message(s) failed: %s", len(messages), reason)
 
     def _attempt(self, dataset: str, files: list[str], read_schema: StructType,
-                 stamp: datetime, again: bool = False) -> None:
+                 stamp: datetime, again: bool = False, stamped: bool = False) -> None:
         """One try.  ``again``: an earlier try of this very commit failed, maybe after
         Spark committed some of it (a job interrupted in its commit, a call timed out after
         the job ended): the rows already there with its stamp are left out."""
@@ -261,8 +267,13 @@ class SparkSink(DatasetReads):
             spark = self._session()
 
             def run() -> None:
-                df = spark.read.schema(read_schema).parquet(*files) \
-                    .withColumn("ingested_at", F.lit(stamp))
+                if stamped:   # the same plan every job: Spark's generated code is reused
+                    df = spark.read.schema(StructType([
+                        *read_schema.fields, StructField("ingested_at", TimestampType())])
+                    ).parquet(*files)
+                else:
+                    df = spark.read.schema(read_schema).parquet(*files) \
+                        .withColumn("ingested_at", F.lit(stamp))
                 if again:
                     try:
                         there = self._rows_stamped(spark, dataset, [stamp]) \

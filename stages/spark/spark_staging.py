@@ -26,9 +26,11 @@ pyarrow only: the batch processors import this, and they never import pyspark.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
@@ -36,10 +38,15 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from ..wire.events import flagged
+from .spark_rows import INGESTED_TYPE
 
-__all__ = ["StagingDir", "default_root", "redelivered_ids", "staged_name"]
+__all__ = ["INGESTED_AT", "StagingDir", "default_root", "redelivered_ids", "staged_name"]
 
 SUFFIX = ".parquet"
+#: the name of a group's files merged by its committer starts so (no stage id does)
+MERGED_PREFIX = "group-"
+#: the commit's stamp column (its type: :data:`.spark_rows.INGESTED_TYPE`)
+INGESTED_AT = "ingested_at"
 #: the name's mark of a batch that holds redelivered messages
 AGAIN = ".again"
 #: the Parquet key-value metadata key listing their ids (JSON)
@@ -87,27 +94,44 @@ class StagingDir:
         pq.write_table(table, f"{self.path}/{name}", filesystem=self.fs,
                        coerce_timestamps="us", allow_truncated_timestamps=False)
 
-    def merge(self, names: Sequence[str], into: str) -> None:
+    def merge(self, names: Sequence[str], into: str, stamp: datetime) -> str | None:
         """Stage the files ``names`` (one schema: the committer conformed them) again as
-        one file ``into``, each as a row group of its own: one file is read a time, so
-        memory holds one batch, not the group.
+        one file ``into``, each as a row group of its own, with the commit's ``stamp`` as
+        their ``ingested_at`` column: one file is read at a time, so memory holds one
+        batch, not the group.
 
-        Why: Spark pays milliseconds of its JVM's CPU per file it reads (a reader set up,
-        a footer read, a Hadoop configuration copied), about as much as reading 10,000
-        small rows (``bench/spark_files.py``: 4.8 us a row from 10,000-row files, 3.0
-        from 200,000-row ones); rewriting the group here costs a fraction of that in C."""
+        Why one file: Spark pays milliseconds of its JVM's CPU per file it reads (a reader
+        set up, a footer read, a Hadoop configuration copied), about as much as reading
+        10,000 small rows (``bench/spark_files.py``: 4.8 us a row from 10,000-row files,
+        3.0 from 200,000-row ones).  Why the stamp in the file: as a literal in the job's
+        plan it is a constant in the code Spark generates for the job, different every
+        job, so every job compiled its code anew (the JVM's JIT compiler took two thirds
+        of its CPU in 20,000-row jobs; 360 ms a job, 180 with the stamp read from the
+        file).  Rewriting the group here costs a fraction of that, in C.
+
+        None when ``into`` is written, else why not (a full disk, an unreadable file),
+        and ``into`` is not left behind: the committer then has Spark read ``names``."""
         writer = None
         try:
             for name in names:
                 table = pq.read_table(f"{self.path}/{name}", filesystem=self.fs)
+                table = table.append_column(
+                    INGESTED_AT, pa.repeat(pa.scalar(stamp, INGESTED_TYPE), len(table)))
                 if writer is None:
                     writer = pq.ParquetWriter(f"{self.path}/{into}", table.schema,
                                               filesystem=self.fs, coerce_timestamps="us",
                                               allow_truncated_timestamps=False)
                 writer.write_table(table)
-        finally:
+            if writer is None:
+                return "no files"
+            writer.close()
+            return None
+        except (OSError, pa.ArrowException, ValueError) as exc:
             if writer is not None:
-                writer.close()
+                with contextlib.suppress(OSError, pa.ArrowException):
+                    writer.close()
+            self.remove([into])
+            return f"{type(exc).__name__}: {exc}"
 
     def again(self, name: str) -> list[str]:
         """The ids of the redelivered messages of staged file ``name`` (its footer only;

@@ -66,12 +66,16 @@ class FakeSpark:
         return self._last
 
     def commit_files(self, batcher: str, files: Sequence[str], schema: pa.Schema,
-                     rows: int | None = None, stamp: datetime | None = None) -> datetime:
+                     rows: int | None = None, stamp: datetime | None = None,
+                     stamped: bool = False) -> datetime:
         assert stamp is not None
         self.commits.append((stamp, list(files)))
         if self.fail is not None:
             raise self.fail
         for uri in files:
+            if stamped:   # the file carries the commit's stamp, every row of it
+                stamps = pq.read_table(uri.removeprefix("file://")).column("ingested_at")
+                assert set(stamps.to_pylist()) == {stamp}, (stamps, stamp)
             table = pq.read_table(uri.removeprefix("file://"), schema=schema)
             self.rows.extend((i, s, stamp) for i, s in zip(table.column("message_id").to_pylist(),
                                                            table.column("seq").to_pylist()))
