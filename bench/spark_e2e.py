@@ -27,7 +27,8 @@ The rows are ``--lines`` order lines like ``examples/spool`` (``{"order", "sku",
   says so.
 * **pipeline, RabbitMQ** (after the rounds unless ``--no-rabbitmq``; ``--rabbitmq-rounds``
   of them): the same config with the RabbitMQ source (``prefetch_count = "auto"``) on a
-  queue preloaded with the same lines, JSON decoded by the handler; each beside a run of
+  queue preloaded with the same lines, each body's JSON decoded by the source
+  (``decode = "json"``) for the example's own handler; each beside a run of
   ``rabbitmq_spark_reference.py SPOOL 1`` (the plain pika consumer a user would write
   instead, beside the repository as well, or ``--rabbitmq-reference PATH``), the order
   swapped every round: the ratio per round and its median.
@@ -106,28 +107,13 @@ def example_config(remote: str, *, rabbit_queue: str | None = None,
     text = text.replace("[spark]\n", f"[spark]\nremote = {json.dumps(remote)}\n"
                                      f"token_env = {json.dumps(TOKEN_ENV)}\n")
     if rabbit_queue is not None:
-        # a delivery's data is its body (bytes): the same handler, the JSON decoded first
-        text = text.replace('handler = "examples.orders:Orders"',
-                            'handler = "bench_orders:RabbitOrders"')
+        # the example's own handler: the source decodes each body's JSON (``decode``,
+        # docs/sources.md), as a user of the README's config with RabbitMQ would set it
         text = text.replace('source = "spool"', 'source = "rabbitmq"')
         text = text.replace('path = "var/spool"',
                             f'url = "{AMQP_URL}"\nqueue = "{rabbit_queue}"\n'
-                            f'prefetch_count = "auto"')
+                            f'prefetch_count = "auto"\ndecode = "json"')
     return text
-
-
-RABBIT_HANDLER = """
-import json
-
-from examples.orders import Orders
-
-
-class RabbitOrders(Orders):
-    def handle_message(self, processor, message, context):
-        if isinstance(message.data, bytes):
-            message = message.update_data(json.loads)
-        return super().handle_message(processor, message, context)
-"""
 
 
 def cpu_seconds(pid: int) -> float:
@@ -144,7 +130,6 @@ def run_pipeline(workdir: Path, config_text: str, token: str, jvm: int) -> dict[
 
     config = workdir / "bench.toml"
     config.write_text(config_text)
-    (workdir / "bench_orders.py").write_text(RABBIT_HANDLER)
     env = {**_env(), TOKEN_ENV: token, "PYTHONPATH": f"{REPO}:{workdir}"}
     jvm0 = cpu_seconds(jvm)
     t0 = time.time()

@@ -34,7 +34,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import role, status  # bench/ helpers
 from offbroadway.supervision.tree import snapshot_nodes
-from spark_e2e import RABBIT_HANDLER, REPO, TOKEN_ENV, example_config, order_lines, write_spool
+from spark_e2e import REPO, TOKEN_ENV, example_config, order_lines, write_spool
 from spark_sink import _env, start_server
 
 ROLES = ("producer", "processor", "batcher", "batch_processor", "committer")
@@ -92,7 +92,6 @@ def main() -> int:
     write_spool(work / "var" / "spool", order_lines(args.lines))
     config = work / "bench.toml"
     config.write_text(example_config(bp_env["OFFBROADWAY_SPARK_REMOTE"], commit=commit))
-    (work / "bench_orders.py").write_text(RABBIT_HANDLER)
     env = {**_env(), TOKEN_ENV: bp_env["OFFBROADWAY_SPARK_TOKEN"],
            "PYTHONPATH": f"{REPO}:{work}"}
     sock = str(work / "var" / "run" / "control.sock")

@@ -42,9 +42,10 @@ def operations(spark_server, session_id: str) -> list[int]:
         client.close()
 
 
-@pytest.mark.parametrize("settle", [True, pytest.param(False, marks=[pytest.mark.slow, pytest.mark.xfail(
-    strict=True, reason="without waiting the earlier session out, its job lands after "
-                        "the read: the window this closes")])])
+@pytest.mark.parametrize("settle", [True, pytest.param(False, marks=[
+    pytest.mark.slow,
+    pytest.mark.xfail(strict=True, reason="without waiting the earlier session out, its job "
+                                          "lands after the read: the window this closes")])])
 def test_the_next_incarnation_reads_back_only_once_the_dead_ones_job_is_over(
         spark_server, sink_env, tmp_path, settle: bool) -> None:
     from offbroadway.stages.spark.spark_once import Journal
