@@ -50,6 +50,12 @@ _FIGURES = (commands.Stats, commands.Settled, commands.Left, commands.Done)
 #: notes kept for a report at most (a hub that refuses reports for long loses the oldest)
 _NOTES_KEPT = 1 << 20
 
+#: a push source's deliveries (RabbitMQ, NATS) arrive a few dozen per wake-up at full
+#: speed: a fetch short of this many, and of the demand, waits up to ``COALESCE_WAIT``
+#: seconds for more before it is sent, so that frames carry hundreds of events, not tens
+#: (every frame costs each stage it crosses tens of microseconds)
+COALESCE, COALESCE_WAIT = 256, 0.005
+
 #: a fetched item's parts (``(id, data, metadata, handle)``: :mod:`.sources.base`), read
 #: at C speed for a whole fetch (whether any metadata notes an ``error``, the handles)
 _METADATA, _HANDLE = itemgetter(2), itemgetter(3)
@@ -100,6 +106,8 @@ class ProducerStage(Stage):
         #: the operator's pause (``offbroadway drain``): fetches nothing until ``Resume``
         self.paused = False
         self._retry_pending = False
+        #: when the buffered rows of a short push fetch go out at the latest (None: now)
+        self._hold_until: float | None = None
         self._idle: bool | None = None
         self._settled_reported = False
         self.counters.update(requeued=0, unknown_acks=0, returned=0, stale_returns=0,
@@ -245,7 +253,8 @@ class ProducerStage(Stage):
     # -- moving events --------------------------------------------------------------------------
     def pump(self) -> None:
         """Dispatch what is buffered, then fetch as much as there is demand for."""
-        if self.buffer:
+        if self.buffer and not self._holding():
+            self._hold_until = None
             self.buffer = self._dispatch(self.buffer)
         if self.draining or self.paused:
             self._maybe_cancel_consumers()
@@ -265,10 +274,32 @@ class ProducerStage(Stage):
         if items:
             self.counters["in"] += len(items)
             self._buffer(*self._to_events(items))
-            self.buffer = self._dispatch(self.buffer)
+            if not self._hold(self.dispatcher.demand):
+                self._hold_until = None
+                self.buffer = self._dispatch(self.buffer)
         if len(items) < want and self.source.fileno() is None and not self._retry_pending:
             self._retry_pending = True
             self.call_later(self.source.retry_after(), self._retry)
+
+    def _hold(self, demand: int) -> bool:
+        """Whether the buffered rows of a push source wait a moment for more (see
+        :data:`COALESCE`): fewer than that and than the ``demand`` they were fetched
+        for, and no stop under way."""
+        if (self.source.fileno() is None or self.draining
+                or len(self.buffer) >= min(COALESCE, demand)):
+            return False
+        if self._hold_until is None:
+            self._hold_until = time.monotonic() + COALESCE_WAIT
+            self.call_later(COALESCE_WAIT, self._release)
+        return self._holding()
+
+    def _holding(self) -> bool:
+        return (self._hold_until is not None and not self.draining
+                and len(self.buffer) < COALESCE and time.monotonic() < self._hold_until)
+
+    def _release(self) -> None:
+        self._hold_until = None
+        self.pump()
 
     def _retry_at(self, delay: float) -> None:
         if not self._retry_pending:
