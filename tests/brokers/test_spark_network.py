@@ -15,6 +15,7 @@ restarted mid-commit.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -410,13 +411,19 @@ def test_a_dead_committers_job_carried_on_behind_a_partition_lands_each_id_once(
     assert seen["ran_after"], seen
     assert seen["ended"] in ("OPERATION_STATE_SUCCEEDED", "gone"), seen
     assert seen["landed"] > 0, seen
-    # the next incarnation settled the dead one's session before reading back
-    settled = ("an earlier incarnation's Spark session settled",
-               "Spark operation(s) of an earlier incarnation were still running")
-    assert any(s in err for s in settled), err[-3000:]
+    # the next incarnation settled the dead one's session (forgotten by the journal once
+    # settled), then read the last commits back, the dead job's rows among them
+    settled = re.search(r"committer_default: (an earlier incarnation's Spark session "
+                        r"settled[^\n]*|\d+ Spark operation\(s\) of an earlier "
+                        r"incarnation were still running[^\n]*)", err)
+    assert settled, err[-3000:]
     assert seen["session"] not in Journal(str(next(journals.glob("*.default")))).sessions()
+    doubt = re.search(r"committer_default: (\d+) row\(s\) of the last (\d+) commit\(s\) "
+                      r"before this start are in doubt", err[settled.end():])
+    assert doubt and int(doubt[1]) >= seen["landed"], err[-3000:]
     print(f"\nthe dead committer's job ran {max(seen['ran_after']):.2f} s after its kill "
           f"and ended ({seen['ended']}) {seen['ended_after']:.2f} s after it, "
           f"{seen['landed']} rows landed under its stamp; link down "
-          f"{seen['down_for']:.1f} s; the run {time.monotonic() - t_run:.0f} s, "
+          f"{seen['down_for']:.1f} s; then: {settled[1]}; {doubt[1]} row(s) of the last "
+          f"{doubt[2]} commit(s) in doubt; the run {time.monotonic() - t_run:.0f} s, "
           f"30,000 ids each once")
