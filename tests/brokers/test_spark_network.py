@@ -10,7 +10,8 @@ memory stays bounded (the stages' RSS before, during, after) and ``status`` says
 unreachable and since when.  The same 10 s partition with the spool as the source (slow):
 every line once, the spool fully acked.  Slow too: a two-minute partition, a minute of a
 degraded link (``tc`` qdiscs; packets lost at random with nftables), the Connect server
-restarted mid-commit.
+restarted mid-commit, the committer SIGKILLed behind a partition while its job runs (the
+server carries the job on; the next incarnation settles its session before reading back).
 """
 
 from __future__ import annotations
