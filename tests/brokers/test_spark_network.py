@@ -370,10 +370,14 @@ def test_a_dead_committers_job_carried_on_behind_a_partition_lands_each_id_once(
         session = journal.sessions()[-1]   # the running incarnation's
         watcher.stdin.write(session + "\n")
         watcher.stdin.flush()
+        first = wait_until(lambda: answers[:1], timeout=30, interval=0.01,
+                           message="the server's first answer about the session")[0]
+        assert "ops" in first, first
+        known = set(first["ops"])   # the session's operations before the watch
 
-        def running() -> list[str]:   # a job of the session running on the server now
-            a = answers[-1] if answers else {}
-            return [k for k, v in a.get("ops", {}).items() if v in live]
+        def running() -> list[str]:   # a job of the session started on the server now
+            a = answers[-1]           # (caught at its start, so the kill comes mid-job)
+            return [k for k, v in a.get("ops", {}).items() if v in live and k not in known]
 
         op = wait_until(running, timeout=120, interval=0.005,
                         message="a job of the committer's session running on the server")[0]
@@ -391,7 +395,9 @@ def test_a_dead_committers_job_carried_on_behind_a_partition_lands_each_id_once(
                          if a["t"] > t_kill and a.get("ops", {}).get(op) in live]
             landed = [r for r in rows(short_tmp / "dataset", "default")
                       if utc(r["ingested_at"]) == utc(stamp)]
+            started = next(a["t"] for a in answers if op in a.get("ops", {}))
             seen.update(op=op, session=session, ended=ended["ops"].get(op, "gone"),
+                        killed_after=t_kill - started,
                         ended_after=ended["t"] - t_kill, ran_after=ran_after,
                         landed=len(landed))
             while time.monotonic() < t0 + 8:
@@ -422,7 +428,8 @@ def test_a_dead_committers_job_carried_on_behind_a_partition_lands_each_id_once(
     doubt = re.search(r"committer_default: (\d+) row\(s\) of the last (\d+) commit\(s\) "
                       r"before this start are in doubt", err[settled.end():])
     assert doubt and int(doubt[1]) >= seen["landed"], err[-3000:]
-    print(f"\nthe dead committer's job ran {max(seen['ran_after']):.2f} s after its kill "
+    print(f"\nthe committer killed {seen['killed_after']:.2f} s into its job, which ran "
+          f"{max(seen['ran_after']):.2f} s after the kill "
           f"and ended ({seen['ended']}) {seen['ended_after']:.2f} s after it, "
           f"{seen['landed']} rows landed under its stamp; link down "
           f"{seen['down_for']:.1f} s; then: {settled[1]}; {doubt[1]} row(s) of the last "
