@@ -198,6 +198,8 @@ class CommitterJobs:
         if not earlier or self.journal is None:
             return
         assert self.sink is not None
+        # after a clean stop the earlier session was released: nothing to say about it
+        crashed = not self.journal.ended_clean()
         for session in earlier:
             try:
                 live = self.sink.settle_session(session)
@@ -207,6 +209,9 @@ class CommitterJobs:
             if live:
                 log.info("%s: %d Spark operation(s) of an earlier incarnation were still "
                          "running; interrupted and waited for", self.id, live)
+            elif crashed:
+                log.info("%s: an earlier incarnation's Spark session settled: none of "
+                         "its operations was still running", self.id)
         self.journal.settled(earlier)
 
     # -- batch processors ----------------------------------------------------------------

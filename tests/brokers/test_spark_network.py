@@ -10,21 +10,25 @@ memory stays bounded (the stages' RSS before, during, after) and ``status`` says
 unreachable and since when.  The same 10 s partition with the spool as the source (slow):
 every line once, the spool fully acked.  Slow too: a two-minute partition, a minute of a
 degraded link (``tc`` qdiscs; packets lost at random with nftables), the Connect server
-restarted mid-commit.
+restarted mid-commit, the committer SIGKILLed behind a partition while its job runs (the
+server carries the job on; the next incarnation settles its session before reading back).
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
+import sys
 import time
+from datetime import UTC
 from pathlib import Path
 
 import pytest
 from offbroadway.supervision.tree import snapshot_nodes
 
 from tests.brokers.test_spark_no_window import backlog_config, publish
-from tests.conftest import REPO, offbroadway_cmd, wait_until
-from tests.e2e.test_pipeline import write_spool
+from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
+from tests.e2e.test_pipeline import stage_pids, write_spool
 from tests.spark.conftest import start_server
 from tests.spark.dataset import assert_each_id_once, assert_each_message_exactly_once, rows
 from tests.spark.netns import Link, link
@@ -309,3 +313,125 @@ def test_the_connect_server_restarted_mid_commit_lands_the_jobs_rows_once(
                      token_file=token_file)
     assert "Spark write attempt" in err, err[-3000:]
     assert far_spark.token not in err
+
+
+def watch_session_ops(net: Link, server, tmp: Path) -> tuple[subprocess.Popen, list[dict]]:
+    """tests/spark/session_ops_proc.py in the server's namespace (no broken link on its
+    way to the server): started now, ``ready`` awaited; it watches the session whose id
+    is written to its stdin; its answers collect in the list returned, by a thread."""
+    import json
+    import threading
+
+    with open(tmp / "session_ops.err", "w") as err:
+        proc = subprocess.Popen(net.exec(net.srv, [sys.executable, str(
+            REPO / "tests" / "spark" / "session_ops_proc.py")]), cwd=REPO,
+            env={**test_env(), **server.bp_env}, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=err, text=True)
+    assert proc.stdout is not None
+    first = proc.stdout.readline().strip()
+    assert first == "ready", (first, (tmp / "session_ops.err").read_text()[-2000:])
+    answers: list[dict] = []
+
+    def read() -> None:
+        for line in proc.stdout:   # type: ignore[union-attr]
+            answers.append(json.loads(line))
+
+    threading.Thread(target=read, daemon=True).start()
+    return proc, answers
+
+
+@pytest.mark.slow
+def test_a_dead_committers_job_carried_on_behind_a_partition_lands_each_id_once(
+        net: Link, far_spark, short_tmp: Path, rabbit) -> None:
+    """The window of a dead incarnation's job, opened by the network itself: while the
+    committer's job runs on the far server (``GetStatus`` from the server's namespace
+    says so), the link goes down and the committer is SIGKILLed; the server never sees
+    its connection close and carries the job on to its end, its rows landing under the
+    stamp the dead incarnation journaled.  Once the link is up, the committer the
+    supervisor restarted settles that session before it reads anything back; every id
+    once, the queue empty."""
+    import os
+    import signal
+
+    from offbroadway.stages.spark.spark_once import Journal
+
+    live = ("OPERATION_STATE_RUNNING", "OPERATION_STATE_TERMINATING")
+    journals = short_tmp / "state" / "spark-commits"
+    watcher, answers = watch_session_ops(net, far_spark, short_tmp)
+    seen: dict = {}
+
+    def utc(d):
+        return d.astimezone(UTC).replace(tzinfo=None) if d.tzinfo else d
+
+    def fault(sock: Path) -> None:
+        pid = stage_pids(sock)["committer_default"]
+        [path] = [p for p in journals.iterdir() if p.suffix == ".default"]
+        journal = Journal(str(path))
+        session = journal.sessions()[-1]   # the running incarnation's
+        watcher.stdin.write(session + "\n")
+        watcher.stdin.flush()
+        first = wait_until(lambda: answers[:1], timeout=30, interval=0.01,
+                           message="the server's first answer about the session")[0]
+        assert "ops" in first, first
+        known = set(first["ops"])   # the session's operations before the watch
+
+        def running() -> list[str]:   # a job of the session started on the server now
+            a = answers[-1]           # (caught at its start, so the kill comes mid-job)
+            return [k for k, v in a.get("ops", {}).items() if v in live and k not in known]
+
+        op = wait_until(running, timeout=120, interval=0.005,
+                        message="a job of the committer's session running on the server")[0]
+        net.down()
+        os.kill(pid, signal.SIGKILL)
+        t_kill, t0 = time.time(), time.monotonic()
+        stamp = journal.last(1)[0]   # the job's, journaled before it started
+        try:
+            # the job goes on to its end on the server, behind the partition
+            ended = wait_until(lambda: next(
+                (a for a in answers if a["t"] > t_kill and
+                 a.get("ops", {}).get(op) not in live), None),
+                timeout=120, interval=0.05, message="the dead committer's job to end")
+            ran_after = [a["t"] - t_kill for a in answers
+                         if a["t"] > t_kill and a.get("ops", {}).get(op) in live]
+            landed = [r for r in rows(short_tmp / "dataset", "default")
+                      if utc(r["ingested_at"]) == utc(stamp)]
+            started = next(a["t"] for a in answers if op in a.get("ops", {}))
+            seen.update(op=op, session=session, ended=ended["ops"].get(op, "gone"),
+                        killed_after=t_kill - started,
+                        ended_after=ended["t"] - t_kill, ran_after=ran_after,
+                        landed=len(landed))
+            while time.monotonic() < t0 + 8:
+                time.sleep(0.5)   # the partition's length, past the job's end
+        finally:
+            watcher.kill()
+            net.up()
+        seen["down_for"] = time.monotonic() - t0
+
+    t_run = time.monotonic()
+    try:
+        err = faulty_run(net, far_spark, short_tmp, rabbit, n=30_000, fault=fault)
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+        watcher.wait()
+    # the job ran on the server after its client died, to its end, and wrote its rows
+    assert seen["ran_after"], seen
+    assert seen["ended"] in ("OPERATION_STATE_SUCCEEDED", "gone"), seen
+    assert seen["landed"] > 0, seen
+    # the next incarnation settled the dead one's session (forgotten by the journal once
+    # settled), then read the last commits back, the dead job's rows among them
+    settled = re.search(r"committer_default: (an earlier incarnation's Spark session "
+                        r"settled[^\n]*|\d+ Spark operation\(s\) of an earlier "
+                        r"incarnation were still running[^\n]*)", err)
+    assert settled, err[-3000:]
+    assert seen["session"] not in Journal(str(next(journals.glob("*.default")))).sessions()
+    doubt = re.search(r"committer_default: (\d+) row\(s\) of the last (\d+) commit\(s\) "
+                      r"before this start are in doubt", err[settled.end():])
+    assert doubt and int(doubt[1]) >= seen["landed"], err[-3000:]
+    print(f"\nthe committer killed {seen['killed_after']:.2f} s into its job, which ran "
+          f"{max(seen['ran_after']):.2f} s after the kill "
+          f"and ended ({seen['ended']}) {seen['ended_after']:.2f} s after it, "
+          f"{seen['landed']} rows landed under its stamp; link down "
+          f"{seen['down_for']:.1f} s; then: {settled[1]}; {doubt[1]} row(s) of the last "
+          f"{doubt[2]} commit(s) in doubt; the run {time.monotonic() - t_run:.0f} s, "
+          f"30,000 ids each once")

@@ -10,6 +10,7 @@ real sink's side of each is in tests/spark (test_sink.py, test_pipeline_spark.py
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -155,7 +156,7 @@ def test_a_group_is_one_job_journaled_before_it_runs_and_every_batch_answered(
 
 
 def test_a_restart_puts_the_job_in_doubt_and_does_not_write_its_rows_again(
-        tmp_path: Path) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """An incarnation journals its stamp, Spark commits the job, and the committer dies
     before it answers: the batch processors' messages come back.  The next incarnation
     settles the dead one's session, reads the stamp's rows back, and acknowledges the
@@ -168,8 +169,10 @@ def test_a_restart_puts_the_job_in_doubt_and_does_not_write_its_rows_again(
     (stamp, _), = spark.commits
     session = first.journal.sessions()[-1] if first.journal is not None else None
 
-    again = committer(tmp_path, spark)    # the next incarnation, same journal, same Spark
+    with caplog.at_level(logging.INFO, logger="offbroadway.committer"):
+        again = committer(tmp_path, spark)   # the next incarnation, same journal, Spark
     assert spark.settled == [session]     # the dead incarnation's jobs are over first
+    assert "an earlier incarnation's Spark session settled" in caplog.text
     assert len(again.doubt) == 100 and again.doubt.watching
     hand(again, 7, range(50, 150))        # 50 redelivered, 50 new
     job, answers = run(again)
@@ -182,7 +185,7 @@ def test_a_restart_puts_the_job_in_doubt_and_does_not_write_its_rows_again(
 
 
 def test_after_a_run_marked_clean_nothing_is_in_doubt_and_a_later_commit_unmarks_it(
-        tmp_path: Path) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A run whose every committed row was acknowledged at its source ends with the
     journal marked clean (the daemon does it): the next incarnation reads nothing back and
     puts nothing in doubt.  A commit after the mark ends the clean state again."""
@@ -194,8 +197,10 @@ def test_after_a_run_marked_clean_nothing_is_in_doubt_and_a_later_commit_unmarks
     first.journal.mark_clean()
     assert first.journal.ended_clean() and len(first.journal.last()) == 1
 
-    again = committer(tmp_path, spark)
+    with caplog.at_level(logging.INFO, logger="offbroadway.committer"):
+        again = committer(tmp_path, spark)
     assert len(again.doubt) == 0 and not again.doubt.watching
+    assert "settled" not in caplog.text   # a clean stop released its session: no line
     hand(again, 2, range(100, 200))
     run(again)
     assert again.journal is not None and not again.journal.ended_clean()
