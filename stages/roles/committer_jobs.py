@@ -206,12 +206,10 @@ class CommitterJobs:
             except CommitFailed as exc:   # cannot tell: better stop than write twice
                 raise RuntimeError(f"cannot make sure an earlier incarnation's Spark jobs "
                                    f"are over: {exc.reason}") from None
-            if live:
-                log.info("%s: %d Spark operation(s) of an earlier incarnation were still "
-                         "running; interrupted and waited for", self.id, live)
-            elif crashed:
-                log.info("%s: an earlier incarnation's Spark session settled: none of "
-                         "its operations was still running", self.id)
+            if live or crashed:
+                log.info("%s: an earlier incarnation's Spark session settled: %s", self.id,
+                         f"{live} operation(s) still running, interrupted and waited for"
+                         if live else "none of its operations was still running")
         self.journal.settled(earlier)
 
     # -- batch processors ----------------------------------------------------------------
