@@ -96,6 +96,11 @@ class BatchProcessorStage(ConsumerStage):
                 self.subs.cancelled(up, msg[protocol.VALUE])
                 self.maybe_finish()
 
+    def maybe_finish(self) -> None:
+        if self.spark is not None and self.subs.all_done and not self.finished:
+            self.spark.drained()   # nothing more comes: its committer need not wait
+        super().maybe_finish()
+
     def holding(self) -> bool:
         """Batches handed to Spark whose commit has not answered (the consumer cascade,
         :mod:`.consumer_stage`: a leaving or drained batch processor finishes once every
@@ -188,6 +193,8 @@ class _SparkHandoff:
         self.next_ref = secrets.randbits(48)
         #: batches whose commit has not answered, by their COMMIT's ref
         self.pending: dict[int, Committing] = {}
+        #: told the committer that nothing more follows (DRAINED) since the last COMMIT
+        self.said_drained = False
         _warm_arrow()
 
     @property
@@ -240,7 +247,15 @@ class _SparkHandoff:
             self.file_schema = FileSchema(table.schema, spark_rows.schema_to_ipc(table.schema))
         self.sock.send(protocol.commit(ref, batch.trigger, len(table), name,
                                        self.file_schema.ipc))
+        self.said_drained = False
         self.pending[ref] = Committing(batch, time.perf_counter())
+
+    def drained(self) -> None:
+        """The upstream has finished: tell the committer, once, while batches of ours wait
+        for its commit, so that it commits them now rather than at its interval."""
+        if self.pending and not self.said_drained:
+            self.said_drained = True
+            self.sock.send(protocol.drained())
 
     def _on_committer(self, sock: zmq.Socket) -> None:
         stage = self.stage

@@ -227,6 +227,8 @@ class CommitterStage(Stage):
                 msg = protocol.decode(frame)
                 if msg[protocol.KIND_AT] == protocol.HELLO:
                     self._on_hello(peer)
+                elif msg[protocol.KIND_AT] == protocol.DRAINED:
+                    self.groups.drain(peer)
                 elif msg[protocol.KIND_AT] == protocol.COMMIT:
                     name, rows = msg[protocol.COMMIT_FILE], msg[protocol.COMMIT_ROWS]
                     if "/" in name or name.startswith("."):

@@ -10,7 +10,8 @@ The rule, the one databases use for group commit:
 * one job at a time per dataset (the committer never starts a second while one runs);
 * when none runs, the next starts as soon as ``rows`` rows are waiting, or the oldest
   waiting batch has waited ``interval`` seconds, or a waiting batch was flushed (trigger
-  ``flush``: the pipeline is draining, nobody should wait for more);
+  ``flush``) or comes from a batch processor that said nothing more follows (``DRAINED``):
+  the pipeline is draining, nobody should wait for more;
 * a job takes every waiting batch, up to ``max_rows`` (at least one batch).
 
 So under light load a batch waits at most ``interval``; under heavy load the batches that
@@ -71,11 +72,14 @@ class CommitGroups:
         self.waiting: deque[Handed] = deque()
         self.waiting_rows = 0
         self._flushes = 0
+        #: batch processors that said nothing more follows (until they hand over again)
+        self.drained: set[bytes] = set()
 
     def __len__(self) -> int:
         return len(self.waiting)
 
     def add(self, item: Handed) -> None:
+        self.drained.discard(item.peer)   # it hands over again (a run-again pass)
         self.waiting.append(item)
         self.waiting_rows += item.rows
         if item.trigger == "flush":
@@ -90,7 +94,13 @@ class CommitGroups:
         if not self.waiting:
             return False
         return (self.waiting_rows >= self.rows or self._flushes > 0
-                or now >= self.waiting[0].at + self.interval)
+                or now >= self.waiting[0].at + self.interval
+                or (bool(self.drained) and any(h.peer in self.drained for h in self.waiting)))
+
+    def drain(self, peer: bytes) -> None:
+        """``peer`` hands over nothing more (``DRAINED``): its waiting batches are due now
+        (a drain whose last batch was full has no ``flush`` batch to say so)."""
+        self.drained.add(peer)
 
     def take(self) -> list[Handed]:
         """The next job's batches: oldest first, up to ``max_rows`` (at least one)."""
@@ -106,6 +116,7 @@ class CommitGroups:
     def drop_peer(self, peer: bytes) -> list[Handed]:
         """Forget a batch processor's waiting batches (it restarted: they are redelivered
         to its new incarnation anyway, so committing them would only make duplicates)."""
+        self.drained.discard(peer)
         gone = [h for h in self.waiting if h.peer == peer]
         if gone:
             self.waiting = deque(h for h in self.waiting if h.peer != peer)

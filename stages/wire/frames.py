@@ -52,15 +52,17 @@ HELLO = 13
 SCHEMA = 14
 COMMIT = 15
 RESULT = 16
+DRAINED = 17
 
 #: kind -> number of fields after [VERSION, KIND]
 _ARITY = {SUBSCRIBE: 4, ASK: 1, EVENTS: 3, CANCEL: 1, ACK: 2, BATCH: 3, SUBSCRIBED: 2,
           RETRACT: 1, RETRACTED: 1, RETURN: 1, COMMAND: 2, REPORT: 2, HELLO: 0, SCHEMA: 3,
-          COMMIT: 5, RESULT: 3}
+          COMMIT: 5, RESULT: 3, DRAINED: 0}
 KIND_NAMES = {SUBSCRIBE: "subscribe", ASK: "ask", EVENTS: "events", CANCEL: "cancel",
               ACK: "ack", BATCH: "batch", SUBSCRIBED: "subscribed", RETRACT: "retract",
               RETRACTED: "retracted", RETURN: "return", COMMAND: "command", REPORT: "report",
-              HELLO: "hello", SCHEMA: "schema", COMMIT: "commit", RESULT: "result"}
+              HELLO: "hello", SCHEMA: "schema", COMMIT: "commit", RESULT: "result",
+              DRAINED: "drained"}
 
 
 class ProtocolError(ValueError):

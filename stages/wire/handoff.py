@@ -20,6 +20,9 @@ COMMIT         batch proc → committer  ref (int), trigger (str), rows (int), f
 RESULT         committer → batch proc  ref, error (None: the Spark job holding the batch
                                        committed), schema (the dataset's schema, IPC
                                        bytes or None)
+DRAINED        batch proc → committer  (none): its upstream has finished, no batch comes
+                                       after those it handed over (a drain): the
+                                       committer need not wait for a group to fill
 =============  ======================  ==================================================
 
 The frames' shapes are checked by :func:`.frames.decode`.
@@ -27,7 +30,7 @@ The frames' shapes are checked by :func:`.frames.decode`.
 
 from __future__ import annotations
 
-from .frames import COMMIT, HELLO, RESULT, SCHEMA, frame
+from .frames import COMMIT, DRAINED, HELLO, RESULT, SCHEMA, frame
 
 #: field positions in a decoded frame
 SCHEMA_IPC, SCHEMA_ERROR, SCHEMA_STAGING = 1, 2, 3
@@ -48,6 +51,11 @@ def schema(schema_ipc: bytes | None, error: str | None, staging: str) -> bytes:
 def commit(ref: int, trigger: str, rows: int, file: str, schema_ipc: bytes) -> bytes:
     """COMMIT: a staged batch's file, for the committer's next Spark job."""
     return frame(COMMIT, ref, trigger, rows, file, schema_ipc)
+
+
+def drained() -> bytes:
+    """DRAINED: a batch processor hands over nothing more (see the table above)."""
+    return frame(DRAINED)
 
 
 def result(ref: int, error: str | None, schema_ipc: bytes | None) -> bytes:

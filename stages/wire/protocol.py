@@ -14,7 +14,7 @@ module                 what it carries
                        RETRACT, RETRACTED, CANCEL (and the cancel reasons)
 :mod:`.delivery`       messages and their acks: EVENTS, RETURN, BATCH, ACK
 :mod:`.envelope`       a message's delivery envelope; messages from events and back
-:mod:`.handoff`        the Spark hand-off: HELLO, SCHEMA, COMMIT, RESULT
+:mod:`.handoff`        the Spark hand-off: HELLO, SCHEMA, COMMIT, RESULT, DRAINED
 :mod:`.commands`       the daemon's commands and the stages' reports: COMMAND, REPORT
 :mod:`.events`         the events inside EVENTS, RETURN and BATCH frames, in columns
 :mod:`.values`         the values codec (msgpack plus datetime, date, time, Decimal, UUID)
@@ -82,6 +82,7 @@ from .frames import (  # noqa: F401 (re-exported)
     CANCEL,
     COMMAND,
     COMMIT,
+    DRAINED,
     EVENTS,
     HELLO,
     KIND_AT,
@@ -116,6 +117,7 @@ from .handoff import (  # noqa: F401 (re-exported)
     SCHEMA_IPC,
     SCHEMA_STAGING,
     commit,
+    drained,
     hello,
     result,
     schema,

@@ -40,6 +40,32 @@ def test_a_flushed_batch_is_committed_without_waiting():
     assert not g.ready(2.0), "the flush was counted out with its batch"
 
 
+def test_a_drained_batch_processors_batches_are_committed_without_waiting():
+    """A drain whose last batch was full has no flushed batch: the batch processor's
+    DRAINED makes its waiting batches due; another's still wait; a new batch from it
+    (a run-again pass) follows the usual rule again."""
+    g = CommitGroups(rows=1000, interval=60.0)
+    g.add(handed("b", 1, 10, at=0.0))
+    assert not g.ready(1.0)
+    g.drain(b"a")                    # a batch processor with nothing waiting here
+    assert not g.ready(1.0)
+    g.add(handed("a", 1, 10, at=1.0))
+    g.drain(b"a")
+    assert g.ready(1.0)
+    assert [h.ref for h in g.take()] == [1, 1]
+    g.add(handed("a", 2, 10, at=2.0))
+    assert not g.ready(2.0), "handing over again ends the drain's rule"
+    g.drain(b"a")
+    g.drop_peer(b"a")                # it restarted: its batches and its word are gone
+    g.add(handed("b", 2, 10, at=3.0))
+    assert not g.ready(3.0)
+
+
+def test_drained_is_a_frame_of_no_fields():
+    msg = protocol.decode(protocol.drained())
+    assert msg[protocol.KIND_AT] == protocol.DRAINED and len(msg) == 1
+
+
 def test_a_job_takes_at_most_max_rows_but_always_one_batch():
     g = CommitGroups(rows=100, interval=1.0, max_rows=250)
     for ref in range(5):
