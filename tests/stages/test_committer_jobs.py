@@ -155,6 +155,26 @@ def test_a_group_is_one_job_journaled_before_it_runs_and_every_batch_answered(
     assert sorted(jobs.staging.names()) == sorted(jobs.recent.names())   # the merge gone
 
 
+def test_a_group_that_cannot_be_merged_is_committed_from_its_files(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The merged file cannot be written (here: a directory stands at its name; a full
+    staging disk does the same): Spark reads the group's own files, the stamp in the
+    plan, and every row is written once."""
+    spark = FakeSpark()
+    jobs = committer(tmp_path, spark)
+    assert jobs.staging is not None
+    (Path(jobs.staging.path) / f"{MERGED_PREFIX}committer_default-1.parquet").mkdir()
+    hand(jobs, 1, range(0, 60))
+    hand(jobs, 2, range(60, 120))
+    with caplog.at_level(logging.INFO, logger="offbroadway.committer"):
+        _, answers = run(jobs)
+    assert answers == [(1, None), (2, None)]
+    assert len(spark.commits) == 1 and [f.rsplit("/", 1)[1] for f in spark.commits[0][1]] \
+        == [f"{BP.decode()}-1.parquet", f"{BP.decode()}-2.parquet"]
+    assert sorted(s for _, s, _ in spark.rows) == list(range(120))
+    assert "could not be merged" in caplog.text
+
+
 def test_a_restart_puts_the_job_in_doubt_and_does_not_write_its_rows_again(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """An incarnation journals its stamp, Spark commits the job, and the committer dies
