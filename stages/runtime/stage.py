@@ -118,6 +118,14 @@ class ZmqIO:
         """Close every socket, waiting up to ``linger_ms`` for queued frames to leave."""
         self.ctx.destroy(linger=linger_ms)
 
+    def close(self) -> None:
+        """Close every socket with its own linger (the data sockets' 0, the hub's 1 s) and
+        end the context, which waits for that linger: so a stage's last reports leave
+        before its process does.  Left to the interpreter's exit, they may not: pyzmq
+        does not end the context then, and the process's end takes the I/O thread, and
+        any frame it had not written yet, with it."""
+        self.ctx.destroy(linger=None)
+
 
 class Stage:
     #: How often the loop beats and reports even when idle.
@@ -331,13 +339,16 @@ class Stage:
             self._report_last()
             if self.leaving:
                 self._flush_on_exit()
+            else:
+                self.io.close()
         return 0
 
     def _report_last(self) -> None:
         """The figures as they end, after the teardown (a producer's source has applied
         its last acks): the daemon's books would otherwise keep the last tick's, up to a
         second old, for a stage stopped right after its last work (a restart, a run
-        again).  The hub socket lingers, so the report leaves before the process does."""
+        again).  The hub socket lingers and :meth:`ZmqIO.close` waits for it, so the report
+        leaves before the process does."""
         try:
             self.report(commands.Stats(self.stats()))
         except zmq.ZMQError:
