@@ -100,3 +100,25 @@ class FakeIO:
 
     def destroy(self, linger_ms: int) -> None:
         pass
+
+    def close(self) -> None:
+        pass
+
+
+def subscribed_batcher(tmp_path: Any, ask: int) -> tuple[Any, FakeSocket, FakeSocket]:
+    """A batcher of 3-message batches, set up on fake sockets, with one batch processor
+    subscribed that asked for ``ask`` batches: (the stage, its ROUTER, its upstream)."""
+    from offbroadway.stages.roles.batcher import BatcherStage
+    from offbroadway.stages.runtime.spec import StageSpec
+
+    spec = StageSpec("batcher_default", "batcher", "t", str(tmp_path), batcher="default",
+                     upstream=("processor_default_0",), consumer_count=1, batch_size=3,
+                     batch_timeout=60.0, max_demand=10, min_demand=5)
+    io = FakeIO()
+    stage = BatcherStage(spec, io)
+    stage.setup()
+    router, up = io.router_sock, io.dealers["processor_default_0"]
+    router.push(b"batch_processor_default_0", protocol.subscribe(2, 1, None, 1))
+    router.push(b"batch_processor_default_0", protocol.ask(ask))
+    stage.downstream._on_frames(router)
+    return stage, router, up

@@ -6,13 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from offbroadway.stages.roles.batch_processor import BatchProcessorStage
-from offbroadway.stages.roles.batcher import BatcherStage
 from offbroadway.stages.roles.processor import ProcessorStage
 from offbroadway.stages.runtime.spec import StageSpec
 from offbroadway.stages.wire import commands, protocol
 from offbroadway.stages.wire.events import encode_rows
 
-from tests.stages.fakes import FakeIO, FakeSocket
+from tests.stages.fakes import FakeIO, FakeSocket, subscribed_batcher
 
 P = protocol
 PRODUCERS = ("producer_0", "producer_1")
@@ -101,16 +100,7 @@ def test_in_the_drain_a_restarted_producer_counts_as_done(tmp_path: Path) -> Non
 
 def test_a_batcher_flushes_at_the_end_of_its_stream_then_cancels_its_batch_processors(
         tmp_path: Path) -> None:
-    spec = StageSpec("batcher_default", "batcher", "t", str(tmp_path), batcher="default",
-                     upstream=("processor_default_0",), consumer_count=1, batch_size=3,
-                     batch_timeout=60.0, max_demand=10, min_demand=5)
-    io = FakeIO()
-    stage = BatcherStage(spec, io)
-    stage.setup()
-    router, up = io.router_sock, io.dealers["processor_default_0"]
-    router.push(b"batch_processor_default_0", P.subscribe(2, 1, None, 1))
-    router.push(b"batch_processor_default_0", P.ask(1))
-    stage.downstream._on_frames(router)
+    stage, router, up = subscribed_batcher(tmp_path, ask=1)
     router.take()
     up.push(P.events(encode_rows([(0, 1, "m1", "a", {})])))
     stage._on_upstream(up)
@@ -118,7 +108,7 @@ def test_a_batcher_flushes_at_the_end_of_its_stream_then_cancels_its_batch_proce
     sent = [(f[P.KIND_AT], f[P.BATCH_TRIGGER] if f[P.KIND_AT] == P.BATCH else f[P.VALUE])
             for _, f in router.take()]
     assert sent == [(P.BATCH, "flush"), (P.CANCEL, P.CANCEL_SHUTDOWN)]
-    assert reports(io) == []
+    assert reports(stage.io) == []
 
 
 def test_a_batch_processor_reports_done_once_its_batcher_cancelled(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from offbroadway.stages.wire import commands, protocol
 from offbroadway.stages.wire.events import encode_rows
 
 from tests.stages import role_handlers
-from tests.stages.fakes import FakeIO
+from tests.stages.fakes import FakeIO, subscribed_batcher
 
 P = protocol
 
@@ -158,16 +158,7 @@ def test_processor_runs_the_handler_and_acks_each_message_to_its_producer(
 
 
 def test_batcher_groups_by_size_and_flushes_the_rest_on_demand(tmp_path: Path) -> None:
-    spec = StageSpec("batcher_default", "batcher", "t", str(tmp_path), batcher="default",
-                     upstream=("processor_default_0",), consumer_count=1, batch_size=3,
-                     batch_timeout=60.0, max_demand=10, min_demand=5)
-    io = FakeIO()
-    stage = BatcherStage(spec, io)
-    stage.setup()
-    router, up = io.router_sock, io.dealers["processor_default_0"]
-    router.push(b"batch_processor_default_0", P.subscribe(2, 1, None, 1))
-    router.push(b"batch_processor_default_0", P.ask(2))
-    stage.downstream._on_frames(router)
+    stage, router, up = subscribed_batcher(tmp_path, ask=2)
     up.push(P.events(events("a", "b", "c", "d", "e", "f", "g")))
     stage._on_upstream(up)
     batches = [f[1] for f in router.take() if f[1][P.KIND_AT] == P.BATCH]
