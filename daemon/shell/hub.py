@@ -3,6 +3,11 @@
 Stages report and the daemon commands, in the vocabulary of :mod:`offbroadway.stages.wire.commands`
 (both sides import it).  Frames are the same msgpack protocol as the data plane; a report
 that is not of the vocabulary is counted and dropped like a malformed frame.
+
+Each incarnation of a stage connects under a routing id of its own (the stage id and its
+pid: :func:`~offbroadway.stages.runtime.spec.hub_identity`), so the last report of one
+that just exited is read under its own name even when its successor is already connected;
+commands go to the incarnation that said hello last.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import Callable
 
 import zmq
 import zmq.asyncio
-from offbroadway.stages.runtime.spec import HUB, endpoint
+from offbroadway.stages.runtime.spec import HUB, endpoint, hub_stage
 from offbroadway.stages.wire import commands, protocol
 
 log = logging.getLogger("offbroadway.daemon.shell.hub")
@@ -36,6 +41,8 @@ class Hub:
         os.chmod(path[6:], 0o600)
         self.on_report = on_report
         self.malformed = 0
+        #: stage id -> the routing id of its incarnation that said hello last
+        self.routes: dict[str, bytes] = {}
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -48,6 +55,7 @@ class Hub:
                 self.malformed += 1
                 continue
             ident, frame = parts
+            stage = hub_stage(ident)
             try:
                 msg = protocol.decode(frame)
             except protocol.ProtocolError as exc:
@@ -62,16 +70,26 @@ class Hub:
                 self.malformed += 1
                 log.warning("hub: dropped a report from %r: %s", ident, exc)
                 continue
+            if not stage:
+                self.malformed += 1
+                log.warning("hub: dropped a %s report from %r, not a stage's routing id",
+                            msg[1], ident)
+                continue
+            if isinstance(report, commands.Hello) or stage not in self.routes:
+                self.routes[stage] = ident
             try:
-                self.on_report(ident.decode(), report)
+                self.on_report(stage, report)
             except Exception:
                 log.exception("hub: handling report %r from %r failed", msg[1], ident)
 
     def send(self, stage_id: str, command: commands.Command) -> bool:
         """Send a command; False if the stage is not connected (it is down or starting)."""
+        ident = self.routes.get(stage_id)
+        if ident is None:
+            return False
         # An asyncio socket reports a NOBLOCK send's failure in the future it returns,
         # already completed, rather than by raising.
-        fut = self.sock.send_multipart([stage_id.encode(), command.encode()], zmq.NOBLOCK)
+        fut = self.sock.send_multipart([ident, command.encode()], zmq.NOBLOCK)
         return not (fut.done() and fut.exception() is not None)
 
     def close(self) -> None:

@@ -172,3 +172,19 @@ def endpoint(runtime_dir: str, name: str) -> str:
 
 
 HUB = "hub"
+
+
+def hub_identity(stage_id: str, pid: int) -> bytes:
+    """A stage incarnation's routing id at the daemon's hub: its stage id and its pid.
+
+    Not the stage id alone: a ROUTER gives a reconnecting routing id to the new
+    connection and renames the old one, so a report the old incarnation sent just before
+    it exited (its last figures), still unread when its successor connects, would reach
+    the daemon under a name of libzmq's making and be lost from the books."""
+    return f"{stage_id}@{pid}".encode()
+
+
+def hub_stage(identity: bytes) -> str:
+    """The stage id in a :func:`hub_identity` (a name libzmq made up has none: "")."""
+    stage, at, pid = identity.decode(errors="replace").rpartition("@")
+    return stage if at and pid.isdigit() else ""

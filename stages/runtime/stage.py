@@ -39,7 +39,7 @@ from offbroadway.supervision import child
 from ..wire import commands, protocol
 from .failures import FailureTally
 from .metrics import StageMetrics
-from .spec import HUB, StageSpec, endpoint
+from .spec import HUB, StageSpec, endpoint, hub_identity
 
 log = logging.getLogger("offbroadway.stage")
 
@@ -159,7 +159,8 @@ class Stage:
         #: reasons of the messages this stage failed, one WARNING per interval (not per
         #: message); its acker adds to it
         self.failures = FailureTally()
-        self.hub = self.io.hub(self.id.encode(), endpoint(spec.runtime_dir, HUB))
+        self.hub = self.io.hub(hub_identity(self.id, os.getpid()),
+                              endpoint(spec.runtime_dir, HUB))
         self.register(self.hub, self._on_hub)
         #: the daemon's commands this stage takes (:mod:`.commands`), by record type
         self._commands: dict[type[commands.Command], Callable[[Any], None]] = {}
