@@ -150,3 +150,20 @@ def test_failure_books_note_what_a_sibling_producer_may_hold_and_take_its_word()
     settle.ack([RabbitMQHandle(1, 5, True, key="m3")])
     assert not settle.failing and not settle.redelivered_open
     assert [(k, d) for k, d, _ in settle.notes] == [(NOTE_SETTLED, hash("m3"))]
+
+
+def test_a_delivery_dispatched_while_acks_go_out_singly_is_kept() -> None:
+    """pika's BlockingChannel flushes each frame with a pass over the socket, which can
+    dispatch a delivery (it joins the delivery order) while single acks are sent."""
+    settle, channel, h = delivered(10)
+    more = iter(range(11, 20))
+
+    def ack(tag: int, multiple: bool = False) -> None:
+        channel.frames.append(("ack", tag, multiple))
+        settle.delivered(next(more))
+
+    channel.basic_ack = ack   # type: ignore[method-assign]
+    settle.ack(h[1:])
+    settle.send_acks(now=settle._unsent_since + ACK_DELAY)
+    assert channel.frames == [("ack", t, False) for t in range(2, 11)]
+    assert settle.open_tags == {1, *range(11, 20)} and not settle.unsent

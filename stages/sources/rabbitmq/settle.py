@@ -449,19 +449,22 @@ class Settlement:
         walking the delivery order from the front; the rest waits for the front."""
         open_tags, unsent, owed = self.open_tags, self.unsent, self.requeue_owed
         ahead = 0
-        sent: list[int] = []
+        due: list[int] = []
         for t in self._order:
             if t in unsent:
-                channel.basic_ack(t)
-                sent.append(t)
-                if len(sent) == len(unsent):
+                due.append(t)
+                if len(due) == len(unsent):
                     break
             elif t in open_tags or t in owed:     # unsettled at the broker
                 ahead += 1
                 if ahead > SINGLE_ACK_AHEAD:
                     break
-        self.ack_frames += len(sent)
-        unsent.difference_update(sent)
+        # sent after the walk: pika's flush of each frame reads the socket too, and a
+        # delivery it dispatches meanwhile appends to the order being walked
+        for t in due:
+            channel.basic_ack(t)
+        self.ack_frames += len(due)
+        unsent.difference_update(due)
 
     def _send_run(self, channel: Any, run: list[int], acks: bool) -> None:
         """One ``multiple`` frame up to the run's last tag: it settles the run, since
