@@ -217,6 +217,14 @@ class Source(abc.ABC):
         nothing is in flight, so a source must not claim this while it could still deliver.
         """
 
+    def taken_back(self) -> str | None:
+        """Why this source took back every message it had in flight on its own since the
+        last call (a lost broker connection: the broker delivers again whatever was not
+        acknowledged), said once; None if it did not.  Copies of those messages may still
+        be on their way downstream: the producer tells the daemon, which tells the Spark
+        committers to check for them (docs/design-spark.md)."""
+        return None
+
     def retry_after(self) -> float:
         """Seconds until a pull source is worth polling again after a short fetch."""
         return 0.1
