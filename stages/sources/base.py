@@ -218,12 +218,9 @@ class Source(abc.ABC):
         """
 
     def taken_back(self) -> str | None:
-        """Why this source took back every message it had in flight on its own since the
-        last call (a lost broker connection: the broker delivers again whatever was not
-        acknowledged), said once; None if it did not.  Copies of those messages may still
-        be on their way downstream: the producer tells the daemon, which tells the Spark
-        committers to check for them (docs/design-spark.md)."""
-        return None
+        """Why this source took back all it had in flight since the last call (a lost
+        broker connection), once; else None.  The producer tells the daemon, which tells
+        the committers to check for the stale copies (docs/design-spark.md)."""
 
     def retry_after(self) -> float:
         """Seconds until a pull source is worth polling again after a short fetch."""
