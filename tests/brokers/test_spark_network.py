@@ -7,11 +7,13 @@ broken).  Every published id is counted against the dataset: 0 lost, 0 twice; th
 is left empty; what was acked is never more than what was written; while the link is
 down the source is held (the producer fetches nothing more once the stages are full),
 memory stays bounded (the stages' RSS before, during, after) and ``status`` says Spark is
-unreachable and since when.  The same 10 s partition with the spool as the source (slow):
-every line once, the spool fully acked.  Slow too: a two-minute partition, a minute of a
-degraded link (``tc`` qdiscs; packets lost at random with nftables), the Connect server
-restarted mid-commit, the committer SIGKILLed behind a partition while its job runs (the
-server carries the job on; the next incarnation settles its session before reading back).
+unreachable and since when.  Slow: a two-minute partition, a minute of a degraded link
+(``tc`` qdiscs; packets lost at random with nftables), the Connect server restarted
+mid-commit, each with RabbitMQ and with the spool as the source (every line once, the
+spool fully acked; the 10 s partition too); the committer SIGKILLed behind a partition
+while its job runs (the server carries the job on; the next incarnation settles its
+session before reading back; the same with the committer's own connection alone cut,
+while the next incarnation connects: tests/brokers/test_spark_dead_connection.py).
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ the kernel's own tools on the link: ``ip link set down``/``up`` on the client's 
 partition); ``tc`` on both ends, so both directions pass it (``netem`` delay and loss
 where the kernel has it; ``tbf``: a slow link that drops what would queue too long);
 ``nft`` on both ends (:meth:`Link.loss`: a share of the packets lost at random each way,
-``numgen random mod 100 < N drop`` as they arrive, so no sender's stack learns of it).
+``numgen random mod 100 < N drop`` as they arrive, so no sender's stack learns of it;
+:meth:`Link.cut`: one process's connections to Spark alone, their packets dropped the
+same way, so the server never sees them close while every other connection passes).
 The machine's own network is not touched: the qdiscs and the nftables tables live in
 the namespaces.
 
