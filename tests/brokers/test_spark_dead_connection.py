@@ -100,13 +100,17 @@ def test_a_dead_committers_job_still_running_when_the_next_one_connects_lands_on
         t_kill = time.time()
         new_session: dict[str, float] = {}
 
+        def over(a: dict) -> bool:   # the held job no longer running, or its session gone
+            if "ops" in a:            # (released by the next incarnation once its
+                return a["ops"].get(op) not in LIVE   # operations were over)
+            return any(k in a["error"] for k in ("SESSION_CLOSED", "SESSION_NOT_FOUND"))
+
         def op_over() -> dict | None:
             if not new_session:   # the next incarnation journals its session, then connects
                 fresh = [s for s in journal.sessions() if s != session]
                 if fresh:
                     new_session[fresh[-1]] = time.time()
-            return next((a for a in answers if a["t"] > t_kill and
-                         a.get("ops", {}).get(op) not in LIVE), None)
+            return next((a for a in answers if a["t"] > t_kill and over(a)), None)
 
         try:
             ended = wait_until(op_over, timeout=HOLD_MS / 1000 + 120, interval=0.02,
@@ -116,7 +120,9 @@ def test_a_dead_committers_job_still_running_when_the_next_one_connects_lands_on
                           if a["t"] > t_kill and a.get("ops", {}).get(op) in LIVE]
             seen.update(op=op, stamp=stamp, session=session, ports=ports, new=new,
                         new_after=t_new - t_kill if t_new else None,
-                        ended=ended["ops"].get(op, "gone"), ended_after=ended["t"] - t_kill,
+                        ended=ended["ops"].get(op, "gone") if "ops" in ended else
+                        f"session released ({ended['error'][:120]})",
+                        ended_after=ended["t"] - t_kill,
                         live_after=(max(live_after) - t_kill) if live_after else None,
                         live_past_new=bool(t_new and live_after and max(live_after) > t_new),
                         held_for=t_kill - t_taken)
@@ -126,6 +132,9 @@ def test_a_dead_committers_job_still_running_when_the_next_one_connects_lands_on
         finally:
             watcher.kill()
         seen["cut_dropped"] = net.cut_counted()
+        errors = [a["error"] for a in answers if "error" in a]
+        seen["watch_errors"] = f"{len(errors)}" + (f" (first: {errors[0][:160]})"
+                                                   if errors else "")
 
     t_run = time.monotonic()
     try:
@@ -152,7 +161,7 @@ def test_a_dead_committers_job_still_running_when_the_next_one_connects_lands_on
           f"{settled[0].split(': ', 1)[1] if settled else 'no settle line'}; "
           f"{doubt[1] if doubt else '?'} row(s) of the last {doubt[2] if doubt else '?'} "
           f"commit(s) in doubt; the run {time.monotonic() - t_run:.0f} s, 30,000 ids "
-          f"each once")
+          f"each once; the watch's failed asks: {seen['watch_errors']}")
     # the server never saw the dead committer's connection close: its job ran on, and
     # was still running once the next incarnation had journaled its session (which it
     # does just before it connects), until that incarnation ended it, long before the
