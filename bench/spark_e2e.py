@@ -383,7 +383,8 @@ def main() -> int:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    med = statistics.median(r["rate"] for r in runs)
+    # --rounds 0: RabbitMQ rounds only, no spool run to sum up
+    med = statistics.median(r["rate"] for r in runs) if runs else 0.0
     print("\n| run | rounds | median rows/s | / loop | / alone |"
           "\n| --- | ---: | ---: | ---: | ---: |")
     loop = statistics.median(loops) if loops else None
@@ -393,8 +394,9 @@ def main() -> int:
         return f"{x / ref:.2f}" if ref else "-"
 
     shipped = "pipeline, spool" + (", exactly_once = false" if args.once == "off" else "")
-    print(f"| {shipped} | {len(runs)} | {med:,.0f} | {ratio(med, loop)} | "
-          f"{ratio(med, alone)} |")
+    if runs:
+        print(f"| {shipped} | {len(runs)} | {med:,.0f} | {ratio(med, loop)} | "
+              f"{ratio(med, alone)} |")
     if unonce:
         u = statistics.median(r["rate"] for r in unonce)
         print(f"| pipeline, spool, exactly_once = false | {len(unonce)} | {u:,.0f} | "
@@ -419,8 +421,9 @@ def main() -> int:
     if loop:
         print(f"| references: loop | {len(loops)} | {loop:,.0f} | 1.00 | {ratio(loop, alone)} |")
         print(f"| references: alone | {len(alones)} | {alone:,.0f} | | 1.00 |")
-    print("\nper stage, median CPU us/row (spool runs): " + "  ".join(
-        f"{k} {statistics.median(r['us_per_row'][k] for r in runs):.1f}" for k in ROLES))
+    if runs:
+        print("\nper stage, median CPU us/row (spool runs): " + "  ".join(
+            f"{k} {statistics.median(r['us_per_row'][k] for r in runs):.1f}" for k in ROLES))
     if unonce:
         print("per stage, median CPU us/row (exactly_once = false): " + "  ".join(
             f"{k} {statistics.median(r['us_per_row'][k] for r in unonce):.1f}" for k in ROLES))

@@ -123,6 +123,11 @@ class PipelineState:
             return Effects(sends=t.hello(stage_id))
         if isinstance(report, commands.Left):
             return Effects(sends=sends, progress=self.report_left(stage_id))
+        if isinstance(report, commands.TakenBack):
+            # the producer lives on, so no restart tells the committers: this does (the
+            # source logged the loss; each committer logs what it checks)
+            return Effects(sends=sends + self.reactions.redelivery(
+                f"{stage_id}: {report.reason}"))
         # notes can change the books the drain's summary waits on
         return Effects(sends=sends, progress=bool(sends))
 

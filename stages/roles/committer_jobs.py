@@ -315,7 +315,8 @@ class CommitterJobs:
                 job.errors[id(h)] = f"spark: the batch does not fit the dataset's schema: {exc}"
         if job.work and self.once:
             job.again = self._again_of(job.work)
-        if job.work and self.doubt.active():
+        if job.work and (self.doubt.active() or job.again):
+            # a redelivered message's stale copy may be in this group: repeats checked
             try:
                 job.work = self._still_to_write(job, job.work)
             except (OSError, pa.ArrowException) as exc:   # cannot check: do not write

@@ -158,6 +158,11 @@ class ProducerStage(Stage):
             # down: those back in the queue are the gauge ``failing``), ``failures`` the
             # failed deliveries
             self.counters["failed"] = int(src.get("rejected") or 0)
+        if "stale" in src:
+            # the source drops the acks of deliveries from a connection it lost (the broker
+            # delivers those messages again, and they are acked again then): its own count
+            # of acks taken is the one that counts each message once
+            self.counters["acked"] = int(src.get("acked") or 0)
         s = super().stats()
         if "failing" in src:
             s["failing"] = int(src.get("failing") or 0)
@@ -253,6 +258,10 @@ class ProducerStage(Stage):
     # -- moving events --------------------------------------------------------------------------
     def pump(self) -> None:
         """Dispatch what is buffered, then fetch as much as there is demand for."""
+        why = self.source.taken_back()
+        if why is not None:
+            # said before anything the source delivers again is sent on (docs/design-spark.md)
+            self.report(commands.TakenBack(why))
         if self.buffer and not self._holding():
             self._hold_until = None
             self.buffer = self._dispatch(self.buffer)

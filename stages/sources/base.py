@@ -217,6 +217,11 @@ class Source(abc.ABC):
         nothing is in flight, so a source must not claim this while it could still deliver.
         """
 
+    def taken_back(self) -> str | None:
+        """Why this source took back all it had in flight since the last call (a lost
+        broker connection), once; else None.  The producer tells the daemon, which tells
+        the committers to check for the stale copies (docs/design-spark.md)."""
+
     def retry_after(self) -> float:
         """Seconds until a pull source is worth polling again after a short fetch."""
         return 0.1

@@ -27,7 +27,8 @@ Requeue             producers           a crash cascade lost what it held: hand 
                                         message in flight back to the source (with the
                                         crash's :class:`Blame`, if any)
 Redelivery          committers          the sources take back what was in flight (a
-                                        producer restarts, or the live ones requeue):
+                                        producer restarts, the live ones requeue, or a
+                                        source lost its broker connection):
                                         copies of committed messages may come again
 ReleaseSuspects     producers           the processors are back: quarantined suspects
                                         may run
@@ -47,7 +48,9 @@ Reports (stage → daemon): :class:`Hello` (up, with its pid), :class:`Stats` (e
 :class:`Idle` (a producer's source has nothing more, or again), :class:`Done` (a stage
 that finishes messages has finished everything: the drain's first wait), :class:`Settled`
 (a draining producer has nothing in flight: the drain's second wait), :class:`Left` (a
-stage a resize removes has finished and forwarded everything it held: it may be stopped).
+stage a resize removes has finished and forwarded everything it held: it may be stopped),
+:class:`TakenBack` (a producer's source took back what was in flight: a lost broker
+connection).
 """
 
 from __future__ import annotations
@@ -388,8 +391,19 @@ class Left(Report):
     stats: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class TakenBack(Report):
+    """A producer's source took back every message it had in flight on its own, the
+    producer living on (a lost broker connection: the broker delivers again whatever was
+    unacknowledged), while copies of some are still on their way downstream: the daemon
+    tells the committers (:class:`Redelivery`), as when a producer restarts."""
+
+    NAME: ClassVar[str] = "taken_back"
+    reason: str
+
+
 REPORTS: dict[str, type[Report]] = {r.NAME: r for r in (Hello, Stats, Idle, Done, Settled,
-                                                          Left)}
+                                                          Left, TakenBack)}
 
 
 def parse_report(name: object, body: object) -> Report:

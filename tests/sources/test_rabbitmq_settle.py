@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from offbroadway.stages.sources.rabbitmq.delivery import RabbitMQHandle
 from offbroadway.stages.sources.rabbitmq.settle import (
+    ACK_DELAY,
     REQUEUE_DELAY,
+    SINGLE_ACK_AHEAD,
     SINGLE_REQUEUES,
     Settlement,
 )
@@ -72,6 +74,46 @@ def test_a_few_requeues_behind_an_open_tag_go_singly_after_the_delay() -> None:
     assert not settle.owed and settle.open_tags == {1} | set(range(2 + SINGLE_REQUEUES, 101))
 
 
+def test_acks_behind_one_slow_delivery_go_singly_after_the_delay() -> None:
+    """A long job at the front does not hold the others' acks (nor their window)."""
+    settle, channel, h = delivered(100)
+    settle.ack(h[1:])
+    since = settle._unsent_since
+    settle.send_acks(now=since + ACK_DELAY / 2)
+    assert channel.frames == []
+    settle.send_acks(now=since + ACK_DELAY)
+    assert channel.frames == [("ack", t, False) for t in range(2, 101)]
+    assert settle.open_tags == {1} and not settle.unsent
+
+
+def test_acks_behind_many_open_deliveries_wait_for_the_front() -> None:
+    """The broker walks the open deliveries before a single ack's tag: behind more than
+    SINGLE_ACK_AHEAD, acks wait for the front, then go as one multiple ack.  Those behind
+    only a few open tags still go singly."""
+    n = 2_000
+    settle, channel, h = delivered(n)
+    # a batch's stragglers: tags 11-10+SINGLE_ACK_AHEAD+1 open, then 1,000 settled
+    front = 10 + SINGLE_ACK_AHEAD + 1
+    settle.ack(h[:10] + h[front:front + 1_000])
+    settle.send_acks(now=1.0)
+    assert channel.frames == [("ack", 10, True)]
+    settle.send_acks(now=1.0 + ACK_DELAY * 10)
+    assert channel.frames == [("ack", 10, True)], "acks sent behind too many open tags"
+    assert len(settle.unsent) == 1_000
+    # all but SINGLE_ACK_AHEAD of the stragglers settle: what waits behind them goes singly
+    settle.ack(h[10:10 + SINGLE_ACK_AHEAD // 2])
+    settle.send_acks(now=2.0)
+    assert channel.frames[1] == ("ack", 10 + SINGLE_ACK_AHEAD // 2, True)
+    settle.send_acks(now=2.0 + ACK_DELAY)
+    singles = channel.frames[2:]
+    assert singles == [("ack", t, False) for t in range(front + 1, front + 1_001)]
+    # the front settles: the rest goes as runs, nothing twice
+    settle.ack(h[10 + SINGLE_ACK_AHEAD // 2:front] + h[front + 1_000:])
+    settle.send_acks(now=3.0)
+    assert channel.frames[-1] == ("ack", n, True) and not settle.owed
+    assert settle.ack_frames == len(channel.frames)
+
+
 def test_a_lost_connection_forgets_what_was_owed() -> None:
     """The broker requeues all a dead channel held: nothing owed is sent on the next."""
     settle, channel, h = delivered(10)
@@ -108,3 +150,20 @@ def test_failure_books_note_what_a_sibling_producer_may_hold_and_take_its_word()
     settle.ack([RabbitMQHandle(1, 5, True, key="m3")])
     assert not settle.failing and not settle.redelivered_open
     assert [(k, d) for k, d, _ in settle.notes] == [(NOTE_SETTLED, hash("m3"))]
+
+
+def test_a_delivery_dispatched_while_acks_go_out_singly_is_kept() -> None:
+    """pika's BlockingChannel flushes each frame with a pass over the socket, which can
+    dispatch a delivery (it joins the delivery order) while single acks are sent."""
+    settle, channel, h = delivered(10)
+    more = iter(range(11, 20))
+
+    def ack(tag: int, multiple: bool = False) -> None:
+        channel.frames.append(("ack", tag, multiple))
+        settle.delivered(next(more))
+
+    channel.basic_ack = ack   # type: ignore[method-assign]
+    settle.ack(h[1:])
+    settle.send_acks(now=settle._unsent_since + ACK_DELAY)
+    assert channel.frames == [("ack", t, False) for t in range(2, 11)]
+    assert settle.open_tags == {1, *range(11, 20)} and not settle.unsent

@@ -25,7 +25,7 @@ from offbroadway.stages.spark import spark_rows
 from offbroadway.stages.spark.spark_commit import Handed
 from offbroadway.stages.spark.spark_failures import CommitFailed
 from offbroadway.stages.spark.spark_once import Journal
-from offbroadway.stages.spark.spark_staging import StagingDir
+from offbroadway.stages.spark.spark_staging import StagingDir, staged_name
 
 DATA = pa.schema([("seq", pa.int64())])
 BP = b"batch_processor_default_0"
@@ -173,6 +173,29 @@ def test_a_group_that_cannot_be_merged_is_committed_from_its_files(
         == [f"{BP.decode()}-1.parquet", f"{BP.decode()}-2.parquet"]
     assert sorted(s for _, s, _ in spark.rows) == list(range(120))
     assert "could not be merged" in caplog.text
+
+
+def test_a_stale_copy_and_its_redelivery_in_one_group_are_written_once(
+        tmp_path: Path) -> None:
+    """A lost broker connection: the stale copies of messages 40-59 (first deliveries,
+    unmarked) and their redelivered copies (marked) meet in one group, before either is
+    in the dataset, and no restart started a watch: each message is written once."""
+    spark = FakeSpark()
+    jobs = committer(tmp_path, spark)
+    assert not jobs.doubt.active()
+    hand(jobs, 1, range(0, 60))
+    assert jobs.staging is not None
+    again = range(40, 60)
+    table, _ = spark_rows.to_table(DATA, [f"m{s}" for s in again], [{"seq": s} for s in again])
+    assert table is not None
+    name = staged_name(BP.decode(), 2, again=True)
+    jobs.staging.write(table, name, again=[f"m{s}" for s in again])
+    jobs.groups.add(Handed(BP, 2, len(table), "size", 0.0, name,
+                           spark_rows.schema_to_ipc(table.schema)))
+    hand(jobs, 3, range(60, 100))
+    _, answers = run(jobs)
+    assert sorted(answers) == [(1, None), (2, None), (3, None)]
+    assert sorted(s for _, s, _ in spark.rows) == list(range(100))
 
 
 def test_a_restart_puts_the_job_in_doubt_and_does_not_write_its_rows_again(

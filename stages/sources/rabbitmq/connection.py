@@ -115,6 +115,9 @@ class Consumer:
         self._thread: threading.Thread | None = None
         self.deliveries = self.redelivered = self.returned = 0
         self.dropped_on_loss = self.reconnects = self.oversized = 0
+        #: why the broker took back what this connection held, for the producer
+        #: (:meth:`RabbitMQSource.taken_back`); appended here, popped there
+        self.losses: deque[str] = deque()
 
     # -- producer thread ---------------------------------------------------------------------
     def start(self, mailbox: Mailbox) -> None:
@@ -302,6 +305,9 @@ class Consumer:
         dropped = len(self.mailbox.take_all()) + len(self._pass)
         self._pass = []
         self.dropped_on_loss += dropped
+        # delivered and not settled at the broker: it delivers them again, while copies
+        # of some are on their way downstream (the producer says so: ``taken_back``)
+        held = bool(self.settle.open_tags or self.settle.unsent)
         self.settle.detach()          # acks not sent: the broker redelivers (at-least-once)
         self.probe.delivered()
         conn, self._conn, self._channel, self._probe_channel = self._conn, None, None, None
@@ -310,6 +316,8 @@ class Consumer:
             _close_quietly(conn)
         self.state = "reconnecting"
         self.last_error = describe_error(exc, self.settings.url)
+        if held:
+            self.losses.append(f"connection lost: {self.last_error}")
         log.warning("rabbitmq source: connection to %s lost (%s); %d buffered deliveries "
                     "left to the broker, reconnecting", self.url_masked, self.last_error,
                     dropped)

@@ -207,6 +207,13 @@ class RabbitMQSource(Source):
             self._io.requeues_asked += 1
             self._io.command(Requeue(handles))
 
+    def taken_back(self) -> str | None:
+        """A lost connection handed every unsettled delivery back to the broker."""
+        losses, why = self._io.losses, None
+        while losses:         # the I/O thread appends meanwhile: popleft is thread-safe
+            why = losses.popleft()
+        return why
+
     def take_notes(self) -> list[list]:
         """The failure books' notes for the daemon (:mod:`.settle`), oldest first."""
         notes, out = self._io.settle.notes, []
