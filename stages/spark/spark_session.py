@@ -257,7 +257,7 @@ class SparkConnection:
         incarnation's, gone) still runs: interrupt them all, then wait, asking the server
         for the session's operations (Spark Connect's ``GetStatus``), until none is running
         or terminating, and release the session.  Returns how many were still live at
-        the first look.
+        the first look, before the interrupt.
 
         Why: a job of a committer SIGKILLed mid-commit can go on and finish on the
         server after its client is gone (a cluster that did not see the connection drop:
@@ -274,6 +274,11 @@ class SparkConnection:
         live_states = {states.OPERATION_STATE_RUNNING, states.OPERATION_STATE_TERMINATING}
         first: list[int] = []
 
+        def live_ops(client: Any) -> list[str]:
+            found = client._get_operation_statuses()
+            return [o.operation_id for o in found.operation_statuses
+                    if o.state in live_states]
+
         def settle() -> int:
             client = SparkConnectClient(connection=self._builder(session_id))
             try:
@@ -281,6 +286,10 @@ class SparkConnection:
                     max_retries=3, initial_backoff=100, max_backoff=1000,
                     backoff_multiplier=3.0, jitter=100, min_jitter_threshold=0)])
                 try:
+                    # the first look comes before the interrupt, so what it counts is
+                    # what was still running when this incarnation reached the server
+                    if not first:
+                        first.append(len(live_ops(client)))
                     client.interrupt_all()
                 except Exception as exc:
                     if session_gone(exc):   # released, or a server that restarted
@@ -288,11 +297,7 @@ class SparkConnection:
                     raise
                 deadline = time.monotonic() + self.write_timeout
                 while True:
-                    found = client._get_operation_statuses()
-                    live = [o.operation_id for o in found.operation_statuses
-                            if o.state in live_states]
-                    if not first:
-                        first.append(len(live))
+                    live = live_ops(client)
                     if not live:
                         break
                     if time.monotonic() > deadline:

@@ -7,11 +7,13 @@ broken).  Every published id is counted against the dataset: 0 lost, 0 twice; th
 is left empty; what was acked is never more than what was written; while the link is
 down the source is held (the producer fetches nothing more once the stages are full),
 memory stays bounded (the stages' RSS before, during, after) and ``status`` says Spark is
-unreachable and since when.  The same 10 s partition with the spool as the source (slow):
-every line once, the spool fully acked.  Slow too: a two-minute partition, a minute of a
-degraded link (``tc`` qdiscs; packets lost at random with nftables), the Connect server
-restarted mid-commit, the committer SIGKILLed behind a partition while its job runs (the
-server carries the job on; the next incarnation settles its session before reading back).
+unreachable and since when.  Slow: a two-minute partition, a minute of a degraded link
+(``tc`` qdiscs; packets lost at random with nftables), the Connect server restarted
+mid-commit, each with RabbitMQ and with the spool as the source (every line once, the
+spool fully acked; the 10 s partition too); the committer SIGKILLed behind a partition
+while its job runs (the server carries the job on; the next incarnation settles its
+session before reading back; the same with the committer's own connection alone cut,
+while the next incarnation connects: tests/brokers/test_spark_dead_connection.py).
 """
 
 from __future__ import annotations
@@ -202,14 +204,30 @@ def test_a_partition_of_2_minutes_during_a_commit_writes_each_id_once(
     check_partition(seen, 120)
 
 
+@pytest.mark.slow
+def test_a_partition_of_2_minutes_with_the_spool_as_source_writes_each_line_once(
+        net: Link, far_spark, short_tmp: Path) -> None:
+    """The two-minute cut with the spool as the source (30,000 lines, 2,000 a second,
+    ``write_retry_seconds`` 300): every line once, the spool fully acked, the producer
+    held and memory bounded while the link is down."""
+    seen = partition_during_a_commit(net, far_spark, short_tmp, None, n=30_000,
+                                     seconds=120, retry=300)
+    check_partition(seen, 120)
+
+
 def faulty_run(net: Link, server, tmp: Path, rabbit, *, n: int, fault, retry: float = 300,
                token_file: Path | None = None) -> str:
     """RabbitMQ (``n`` messages, 2,000 a second) → the far Spark; ``fault(sock)`` runs
     once the committer is in a job after a first commit; then until idle.  Every id
-    once, the queue empty; returns the log."""
-    net.relay_rabbitmq()
-    queue = rabbit.queue()
-    ids = publish(rabbit, queue, n)
+    once, the queue empty; returns the log.  ``rabbit`` None: ``n`` spool lines instead,
+    each with its ``seq``: every line once, the spool fully acked."""
+    if rabbit is None:
+        write_spool(tmp / "spool", n, files=2, extra={"route": "default"})
+        queue = None
+    else:
+        net.relay_rabbitmq()
+        queue = rabbit.queue()
+        ids = publish(rabbit, queue, n)
     config = backlog_config(tmp, server, queue, rate=2000, prefetch=4000, batch_size=500,
                             commit_rows=3000, commit_interval=0.5)
     config.write_text(config.read_text() + f"write_retry_seconds = {retry}\n")
@@ -230,26 +248,20 @@ def faulty_run(net: Link, server, tmp: Path, rabbit, *, n: int, fault, retry: fl
             daemon.wait()
     err = log.read_text()
     assert code == 0, err[-3000:]
-    assert_each_id_once(tmp, ids, err)
-    assert rabbit.ready(queue) == 0, "messages left in the queue"
+    if rabbit is None:
+        assert_each_message_exactly_once(rows(tmp / "dataset", "default"), n)
+        assert not list((tmp / "spool").glob("*.jsonl")), "spool lines left unacked"
+    else:
+        assert_each_id_once(tmp, ids, err)
+        assert rabbit.ready(queue) == 0, "messages left in the queue"
     return err
 
 
-TBF = ("tbf", "rate", "1mbit", "burst", "32kbit", "latency", "50ms")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(("spec", "loss"), [(("netem", "delay", "100ms", "loss", "5%"), 0),
-                                            (TBF, 0), (TBF, 5)],
-                         ids=["netem", "tbf", "tbf-nft-loss5"])
-def test_delay_and_loss_for_a_minute_slow_the_commits_and_lose_nothing(
-        net: Link, far_spark, short_tmp: Path, rabbit, spec: tuple[str, ...],
-        loss: int) -> None:
-    """The link degraded for a minute: ``tc netem delay 100ms loss 5%`` each way (200 ms a
-    round trip; skipped where the kernel has no netem), or ``tc tbf``: 1 Mbit/s, packets
-    that would queue more than 50 ms dropped, alone or with 5 % of the packets each way
-    lost at random (nftables, :meth:`Link.loss`: loss where the kernel has no netem).
-    Commits slower, every id once."""
+def degraded_minute(net: Link, server, tmp: Path, rabbit, spec: tuple[str, ...],
+                    loss: int, n: int = 150_000) -> None:
+    """``spec``'s qdisc on both ends of the link for a minute, with ``loss`` % of the
+    packets lost each way (nftables) if any, once the committer is in a job; ``n``
+    messages (``rabbit`` None: spool lines) each once; prints what the fault did."""
     why = net.can(*spec)
     if why is not None:
         pytest.skip(why)
@@ -273,7 +285,7 @@ def test_delay_and_loss_for_a_minute_slow_the_commits_and_lose_nothing(
         took["seconds"] = time.monotonic() - t0
 
     t_run = time.monotonic()
-    faulty_run(net, far_spark, short_tmp, rabbit, n=150_000, fault=fault)
+    faulty_run(net, server, tmp, rabbit, n=n, fault=fault)
     assert took["commits"] > 0, "no commit went through the degraded link"
     c = took["counted"]
     assert c["qdisc_sent"] > 0, c   # the qdisc was on the link's way
@@ -284,17 +296,49 @@ def test_delay_and_loss_for_a_minute_slow_the_commits_and_lose_nothing(
           f"{c['qdisc_sent']} packets through the qdiscs, {c['qdisc_dropped']} dropped there"
           + (f"; {c['lost']} of {c['packets']} lost by nft "
              f"({100 * c['lost'] / max(1, c['packets']):.1f} %)" if loss else "")
-          + f"; the run {time.monotonic() - t_run:.0f} s, 150,000 ids each once")
+          + f"; the run {time.monotonic() - t_run:.0f} s, {n:,} "
+          + ("ids" if rabbit is not None else "spool lines") + " each once")
+
+
+TBF = ("tbf", "rate", "1mbit", "burst", "32kbit", "latency", "50ms")
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(("spec", "loss"), [(("netem", "delay", "100ms", "loss", "5%"), 0),
+                                            (TBF, 0), (TBF, 5)],
+                         ids=["netem", "tbf", "tbf-nft-loss5"])
+def test_delay_and_loss_for_a_minute_slow_the_commits_and_lose_nothing(
+        net: Link, far_spark, short_tmp: Path, rabbit, spec: tuple[str, ...],
+        loss: int) -> None:
+    """The link degraded for a minute: ``tc netem delay 100ms loss 5%`` each way (200 ms a
+    round trip; skipped where the kernel has no netem), or ``tc tbf``: 1 Mbit/s, packets
+    that would queue more than 50 ms dropped, alone or with 5 % of the packets each way
+    lost at random (nftables, :meth:`Link.loss`: loss where the kernel has no netem).
+    Commits slower, every id once."""
+    degraded_minute(net, far_spark, short_tmp, rabbit, spec, loss)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("spec", "loss"), [(("netem", "delay", "100ms", "loss", "5%"), 0),
+                                            (TBF, 5)], ids=["netem", "tbf-nft-loss5"])
+def test_a_degraded_link_with_the_spool_as_source_writes_each_line_once(
+        net: Link, far_spark, short_tmp: Path, spec: tuple[str, ...], loss: int) -> None:
+    """The same minute with the spool as the source (150,000 lines, 2,000 a second):
+    every line once, by its ``seq`` and its message id; the spool fully acked."""
+    degraded_minute(net, far_spark, short_tmp, None, spec, loss)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["rabbitmq", "spool"])
 def test_the_connect_server_restarted_mid_commit_lands_the_jobs_rows_once(
-        net: Link, far_spark, short_tmp: Path, rabbit) -> None:
+        net: Link, far_spark, short_tmp: Path, request, source: str) -> None:
     """The server SIGKILLed while the committer's job runs and started again on the same
     address (an upgrade's restart) with a new credential, rotated in the token file the
     committer reads at every connect: the job is retried with its stamp on the new server;
-    every id once."""
+    every id once (30,000 RabbitMQ messages; or spool lines, the spool fully acked)."""
     import secrets
+
+    rabbit = request.getfixturevalue("rabbit") if source == "rabbitmq" else None
 
     token_file = short_tmp / "spark.token"
     token_file.write_text(far_spark.token + "\n")
@@ -309,10 +353,14 @@ def test_the_connect_server_restarted_mid_commit_lands_the_jobs_rows_once(
                              port=SERVER_PORT, token=token)
         far_spark.proc, far_spark.token = again.proc, token
 
+    t_run = time.monotonic()
     err = faulty_run(net, far_spark, short_tmp, rabbit, n=30_000, fault=fault,
                      token_file=token_file)
     assert "Spark write attempt" in err, err[-3000:]
     assert far_spark.token not in err
+    print(f"\nthe server restarted mid-commit ({source}): "
+          f"{err.count('Spark write attempt')} failed attempt(s) retried; the run "
+          f"{time.monotonic() - t_run:.0f} s, 30,000 each once")
 
 
 def watch_session_ops(net: Link, server, tmp: Path) -> tuple[subprocess.Popen, list[dict]]:

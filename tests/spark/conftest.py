@@ -62,12 +62,17 @@ def spark_config(root: Path, **overrides: Any) -> SparkConfig:
 
 
 def launch_server(root: Path, *, wrap: Sequence[str] = (), port: int = 0,
-                  token: str | None = None) -> tuple[ServerHandle, int]:
+                  token: str | None = None,
+                  conf: dict[str, str] | None = None) -> tuple[ServerHandle, int]:
     """Start the server as the supervisor would; return it and the notify pipe's read end.
     ``wrap``: a command it runs under (``ip netns exec NS``); ``port``: a fixed one;
-    ``token``: a given one (a restart on the same address, with the same credential)."""
+    ``token``: a given one (a restart on the same address, with the same credential);
+    ``conf``: extra Spark properties (``[spark] conf``)."""
     root.mkdir(parents=True, exist_ok=True)
-    p = plan(spark_config(root, **({"port": port} if port else {})), runtime_dir=str(root),
+    overrides: dict[str, Any] = {"port": port} if port else {}
+    if conf:
+        overrides["conf"] = dict(conf)
+    p = plan(spark_config(root, **overrides), runtime_dir=str(root),
              state_dir=str(root / "state"))
     assert p.child is not None
     child_env = dict(p.child.env())  # type: ignore[operator]

@@ -7,7 +7,9 @@ the kernel's own tools on the link: ``ip link set down``/``up`` on the client's 
 partition); ``tc`` on both ends, so both directions pass it (``netem`` delay and loss
 where the kernel has it; ``tbf``: a slow link that drops what would queue too long);
 ``nft`` on both ends (:meth:`Link.loss`: a share of the packets lost at random each way,
-``numgen random mod 100 < N drop`` as they arrive, so no sender's stack learns of it).
+``numgen random mod 100 < N drop`` as they arrive, so no sender's stack learns of it;
+:meth:`Link.cut`: one process's connections to Spark alone, their packets dropped the
+same way, so the server never sees them close while every other connection passes).
 The machine's own network is not touched: the qdiscs and the nftables tables live in
 the namespaces.
 
@@ -75,6 +77,7 @@ def require_namespaces() -> None:
 
 
 LOSS_TABLE = "obloss"
+CUT_TABLE = "obcut"
 
 
 @dataclass
@@ -183,6 +186,69 @@ class Link:
             out = self._nft(ns, *self._loss_rules(dev, percent))
             if out.returncode != 0:
                 raise RuntimeError(f"nft in {ns}: {out.stderr.strip()}")
+
+    def _established(self) -> list[tuple[str, str, set[int]]]:
+        """The client namespace's established TCP connections: (local, peer, pids)."""
+        import re
+
+        out = subprocess.run(self.exec(self.cli, ["ss", "-tnpH", "state", "established"]),
+                             capture_output=True, text=True, timeout=30, check=True)
+        found = []
+        for line in out.stdout.splitlines():
+            cols = line.split()
+            if len(cols) < 4:
+                continue
+            # an IPv4 connection of a dual-stack socket: [::ffff:127.0.0.1]:52502
+            local, peer = (re.sub(r"^\[::ffff:([\d.]+)\]", r"\1", c) for c in cols[2:4])
+            found.append((local, peer, {int(p) for p in re.findall(r"pid=(\d+)", line)}))
+        return found
+
+    def cut(self, pid: int) -> list[int]:
+        """Partition the connections of process ``pid`` (in the client namespace) to
+        Spark, and only those: their packets dropped as they arrive at either end of the
+        link, so neither side's stack learns of it and the server never sees them close,
+        while every other connection, and every new one, passes.  Each goes through the
+        client's relay, whose child for it holds a connection of its own over the link;
+        that one's port (the client's end) names it in an nftables table on each end
+        (``tcp sport``/``dport``).  Returns those ports; counted by :meth:`cut_counted`."""
+        conns = self._established()
+        mine = {local.rpartition(":")[2] for local, peer, pids in conns
+                if pid in pids and peer == f"127.0.0.1:{PORT}"}
+        relays = {p for local, peer, pids in conns
+                  if local == f"127.0.0.1:{PORT}" and peer.rpartition(":")[2] in mine
+                  for p in pids}
+        ports = sorted(int(local.rpartition(":")[2]) for local, peer, pids in conns
+                       if pids & relays and peer == f"{SRV_ADDR}:{PORT}")
+        if not ports:
+            raise RuntimeError(f"no connection of pid {pid} to Spark found: {conns}")
+        listed = ", ".join(map(str, ports))
+        for ns, dev, match in ((self.srv, f"obs{self.tag}", "sport"),
+                               (self.cli, self.dev, "dport")):
+            out = self._nft(ns, f"table netdev {CUT_TABLE} {{",
+                            f'  chain in {{ type filter hook ingress device "{dev}" '
+                            "priority -1;",
+                            f"    tcp {match} {{ {listed} }} counter drop",
+                            "  }", "}")
+            if out.returncode != 0:
+                raise RuntimeError(f"nft in {ns}: {out.stderr.strip()}")
+        return ports
+
+    def cut_counted(self) -> int:
+        """Packets of the cut connections dropped so far, both ends summed."""
+        import json
+
+        dropped = 0
+        for ns in (self.cli, self.srv):
+            out = subprocess.run(self.exec(ns, ["nft", "-j", "list", "table", "netdev",
+                                                CUT_TABLE]),
+                                 capture_output=True, text=True, timeout=30)
+            if out.returncode != 0:
+                continue
+            for item in json.loads(out.stdout)["nftables"]:
+                for e in item.get("rule", {}).get("expr", []):
+                    if "counter" in e:
+                        dropped += e["counter"]["packets"]
+        return dropped
 
     def counted(self) -> dict[str, int]:
         """What the faults have done so far, both ends summed: ``packets`` arrived at the
