@@ -37,6 +37,16 @@ class Board:
         if self.totals.report(stage_id, stats):
             self.stats[stage_id] = {**stats, "at": time.time()}
 
+    def last_words(self, stage_id: str, pid: int, counts: dict[str, int]) -> None:
+        """The counts an exited incarnation (``pid``) kept in its tally file
+        (:mod:`offbroadway.stages.runtime.tally`), taken as its last report: written as
+        they changed, they are at least as recent as any report it sent, and a SIGKILL
+        let it send none as it died.  The rest of its figures are its last report's."""
+        last = self.stats.get(stage_id)
+        base = {k: v for k, v in last.items() if k != "at"} \
+            if last is not None and last.get("pid") == pid else {}
+        self.record(stage_id, {**base, **counts, "pid": pid})
+
     def sum(self, stages: list[str], key: str) -> int:
         return self.totals.sum(stages, key)
 

@@ -30,7 +30,7 @@ from typing import Any
 from offbroadway.stages.flow import ratelimit
 from offbroadway.stages.flow.ratelimit import SharedRateLimit
 from offbroadway.stages.poison import books as poison_books
-from offbroadway.stages.runtime import redact
+from offbroadway.stages.runtime import redact, tally
 from offbroadway.stages.wire import commands
 from offbroadway.supervision import ChildExited, Supervisor
 
@@ -141,6 +141,10 @@ class Daemon:
         record = None
         self.timeline.supervision(event)
         if isinstance(event, ChildExited):
+            # the counts since its last report, which a SIGKILL kept it from sending
+            counts = tally.take(tally.path(self.config.runtime.dir, event.child_id), event.pid)
+            if counts is not None:
+                self.state.board.last_words(event.child_id, event.pid, counts)
             if self.metrics_server is not None:
                 metrics.process_dead(event.pid, self.metrics_dir)
             if event.child_id in self.state.reactions.blamed:

@@ -249,6 +249,10 @@ class ProducerStage(Stage):
             self.source.fail(failures)
             self.counters["failures"] = self.counters.get("failures", 0) + len(failures)
             self.counters["failed"] += len(failures)
+        if handles or failures:
+            # applied at the source: a SIGKILL from here on must not take them from the
+            # books (the next report may never come)
+            self.tally.write(self.counters)
 
     # -- moving events --------------------------------------------------------------------------
     def pump(self) -> None:

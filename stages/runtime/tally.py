@@ -1,0 +1,108 @@
+"""A stage's message counts in a file that outlives the stage: its last words.
+
+A stage reports its counts to the daemon once a tick (about a second) and as it exits.  A
+stage SIGKILLed (by an operator, the memory limit, the watchdog, a stop past its budget)
+sends nothing as it dies, and what it did since its last report would leave the books: a
+producer's acks, durably applied at the source and never delivered again, would be missing
+from the summary for good.  So the counts the books read are also kept in a small shared
+mapping of a file, written as they change (a producer after each settlement, a committer
+after each answered commit) and at each report; writes to a ``MAP_SHARED`` page land in the
+page cache and survive the process however it dies.  The daemon reads and removes the file
+when the stage's process has exited, before any restart (:func:`take`), and takes it as the
+incarnation's last report.
+
+Layout (little-endian), one file per stage id in the private runtime dir, mode 0600::
+
+    magic "OBT1", state u8, pad 3, pid u32, then one i64 per key of :data:`KEYS`
+
+``state`` is set to ``WRITING`` before the counts are written and to ``READY`` after: a
+process killed in the middle of a write leaves ``WRITING``, which reads as "nothing to
+add" (the last report stands), never as counts torn between two writes.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from collections.abc import Mapping
+
+MAGIC = b"OBT1"
+#: the counts kept (those the daemon's books total over a stage's incarnations)
+KEYS = ("in", "out", "failed", "acked", "requeued", "batches", "already_written")
+HEADER = struct.Struct("<4sB3xI")
+STATE_AT = 4
+VALUES = struct.Struct("<" + "q" * len(KEYS))
+SIZE = HEADER.size + VALUES.size
+WRITING, READY = 1, 2
+
+
+def path(runtime_dir: str, stage_id: str) -> str:
+    return os.path.join(runtime_dir, f"{stage_id}.tally")
+
+
+class Tally:
+    """The stage's side: :meth:`write` its counters whenever the books would miss them."""
+
+    def __init__(self, file_path: str, pid: int) -> None:
+        # O_NOFOLLOW: a symlink planted in the runtime dir must not redirect our writes
+        fd = os.open(file_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            os.ftruncate(fd, 0)          # a previous incarnation's counts are not ours
+            os.ftruncate(fd, SIZE)
+            self._mm = mmap.mmap(fd, SIZE)
+        finally:
+            os.close(fd)
+        HEADER.pack_into(self._mm, 0, MAGIC, WRITING, pid)
+
+    def write(self, counters: Mapping[str, int]) -> None:
+        mm = self._mm
+        mm[STATE_AT] = WRITING
+        VALUES.pack_into(mm, HEADER.size, *[int(counters.get(k, 0)) for k in KEYS])
+        mm[STATE_AT] = READY
+
+
+class _NoTally(Tally):
+    """A stage that is not run as a process (unit tests): nothing to keep."""
+
+    def __init__(self) -> None:
+        pass
+
+    def write(self, counters: Mapping[str, int]) -> None:
+        pass
+
+
+NO_TALLY: Tally = _NoTally()
+
+
+def parse(raw: bytes, pid: int) -> dict[str, int] | None:
+    """The counts in a tally file's bytes, if they are whole and ``pid``'s."""
+    if len(raw) < SIZE:
+        return None
+    magic, state, owner = HEADER.unpack_from(raw)
+    if magic != MAGIC or state != READY or owner != pid:
+        return None
+    return dict(zip(KEYS, VALUES.unpack_from(raw, HEADER.size)))
+
+
+def take(file_path: str, pid: int) -> dict[str, int] | None:
+    """Read and remove the tally of a stage whose process ``pid`` has exited (the daemon,
+    before the stage restarts): its counts, or None (no file, another process's, torn)."""
+    try:
+        fd = os.open(file_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        raw = os.read(fd, SIZE)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    counts = parse(raw, pid)
+    if counts is not None:
+        try:
+            os.unlink(file_path)
+        except OSError:
+            pass
+    return counts
