@@ -121,6 +121,9 @@ class ProducerStage(Stage):
         self.accept(commands.Reconcile, self._on_reconcile)
         #: the source's failure-book notes not yet sent to the daemon (see :meth:`report`)
         self._notes: list[list] = []
+        #: the source counts failed messages itself (``failed`` is its ``rejected``, read
+        #: at each report), not one per failed settlement (set by :meth:`stats`)
+        self._own_books = False
 
     # -- lifecycle ------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -152,7 +155,8 @@ class ProducerStage(Stage):
         self.counters.update(poison_strikes=self.poison.struck,
                              poison_failed=self.poison.failed)
         src = self.source.stats()
-        if "failures" in src:
+        self._own_books = "failures" in src
+        if self._own_books:
             # the source counts failed messages itself, each once however often it was
             # delivered: the books' ``failed`` are the ones it rejected (a counter never goes
             # down: those back in the queue are the gauge ``failing``), ``failures`` the
@@ -248,7 +252,8 @@ class ProducerStage(Stage):
         if failures:
             self.source.fail(failures)
             self.counters["failures"] = self.counters.get("failures", 0) + len(failures)
-            self.counters["failed"] += len(failures)
+            if not self._own_books:
+                self.counters["failed"] += len(failures)
         if handles or failures:
             # applied at the source: a SIGKILL from here on must not take them from the
             # books (the next report may never come)

@@ -279,12 +279,18 @@ class Stage:
         child.heartbeat()
         self._log_failures()
         stats = self.stats()
-        self.metrics.flush(self.counters, stats)
+        self._flush_metrics(stats)
         try:
             self.report(commands.Stats(stats))
         except zmq.Again:
             pass
         self.call_later(self.TICK, self._tick)
+
+    def _flush_metrics(self, stats: dict[str, Any]) -> None:
+        """Publish the metrics, and say so in the tally: the daemon publishes for a dead
+        stage what it counted since (:mod:`.tally`)."""
+        self.metrics.flush(self.counters, stats)
+        self.tally.flushed(self.counters)
 
     def _log_failures(self, final: bool = False) -> None:
         line = self.failures.line(float("inf") if final else time.monotonic(), self.id)
@@ -350,7 +356,7 @@ class Stage:
             self._log_failures(final=True)    # what failed since the last line
             # what happened since the last tick: a stage stopped within a second of its
             # last work (an operator restart, a resize, a stop) would lose it from /metrics
-            self.metrics.flush(self.counters, self.stats())
+            self._flush_metrics(self.stats())
             self.teardown()
             self._report_last()
             if self.leaving:

@@ -13,7 +13,12 @@ incarnation's last report.
 
 Layout (little-endian), one file per stage id in the private runtime dir, mode 0600::
 
-    magic "OBT1", state u8, pad 3, pid u32, then one i64 per key of :data:`KEYS`
+    magic "OBT1", state u8, pad 3, pid u32,
+    counts   one i64 per key of :data:`KEYS` (as of the stage's last write)
+    flushed  one i64 per key of :data:`KEYS` (as its metrics last published them)
+
+The daemon adds ``counts - flushed`` to the dead process's ``/metrics`` counters, and takes
+``counts`` as its last report.
 
 ``state`` is set to ``WRITING`` before the counts are written and to ``READY`` after: a
 process killed in the middle of a write leaves ``WRITING``, which reads as "nothing to
@@ -26,6 +31,7 @@ import mmap
 import os
 import struct
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 MAGIC = b"OBT1"
 #: the counts kept (those the daemon's books total over a stage's incarnations)
@@ -33,7 +39,9 @@ KEYS = ("in", "out", "failed", "acked", "requeued", "batches", "already_written"
 HEADER = struct.Struct("<4sB3xI")
 STATE_AT = 4
 VALUES = struct.Struct("<" + "q" * len(KEYS))
-SIZE = HEADER.size + VALUES.size
+COUNTS_AT = HEADER.size
+FLUSHED_AT = COUNTS_AT + VALUES.size
+SIZE = FLUSHED_AT + VALUES.size
 WRITING, READY = 1, 2
 
 
@@ -57,9 +65,17 @@ class Tally:
         HEADER.pack_into(self._mm, 0, MAGIC, WRITING, pid)
 
     def write(self, counters: Mapping[str, int]) -> None:
+        """The counts as they are now."""
+        self._put(COUNTS_AT, counters)
+
+    def flushed(self, counters: Mapping[str, int]) -> None:
+        """The counts the stage's metrics have just published."""
+        self._put(FLUSHED_AT, counters)
+
+    def _put(self, at: int, counters: Mapping[str, int]) -> None:
         mm = self._mm
         mm[STATE_AT] = WRITING
-        VALUES.pack_into(mm, HEADER.size, *[int(counters.get(k, 0)) for k in KEYS])
+        VALUES.pack_into(mm, at, *[int(counters.get(k, 0)) for k in KEYS])
         mm[STATE_AT] = READY
 
 
@@ -69,26 +85,40 @@ class _NoTally(Tally):
     def __init__(self) -> None:
         pass
 
-    def write(self, counters: Mapping[str, int]) -> None:
+    def _put(self, at: int, counters: Mapping[str, int]) -> None:
         pass
 
 
 NO_TALLY: Tally = _NoTally()
 
 
-def parse(raw: bytes, pid: int) -> dict[str, int] | None:
-    """The counts in a tally file's bytes, if they are whole and ``pid``'s."""
+@dataclass(frozen=True)
+class LastWords:
+    """What a tally file says: the counts, and those the metrics last published."""
+
+    counts: dict[str, int]
+    flushed: dict[str, int]
+
+    def unpublished(self) -> dict[str, int]:
+        """The counts the stage's metrics never published (its last flush was before)."""
+        return {k: v - self.flushed[k] for k, v in self.counts.items()
+                if v > self.flushed[k]}
+
+
+def parse(raw: bytes, pid: int) -> LastWords | None:
+    """A tally file's bytes, if they are whole and ``pid``'s."""
     if len(raw) < SIZE:
         return None
     magic, state, owner = HEADER.unpack_from(raw)
     if magic != MAGIC or state != READY or owner != pid:
         return None
-    return dict(zip(KEYS, VALUES.unpack_from(raw, HEADER.size)))
+    return LastWords(dict(zip(KEYS, VALUES.unpack_from(raw, COUNTS_AT))),
+                     dict(zip(KEYS, VALUES.unpack_from(raw, FLUSHED_AT))))
 
 
-def take(file_path: str, pid: int) -> dict[str, int] | None:
+def take(file_path: str, pid: int) -> LastWords | None:
     """Read and remove the tally of a stage whose process ``pid`` has exited (the daemon,
-    before the stage restarts): its counts, or None (no file, another process's, torn)."""
+    before the stage restarts), or None (no file, another process's, torn)."""
     try:
         fd = os.open(file_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -99,10 +129,10 @@ def take(file_path: str, pid: int) -> dict[str, int] | None:
         return None
     finally:
         os.close(fd)
-    counts = parse(raw, pid)
-    if counts is not None:
+    words = parse(raw, pid)
+    if words is not None:
         try:
             os.unlink(file_path)
         except OSError:
             pass
-    return counts
+    return words

@@ -18,11 +18,13 @@ def test_the_counts_are_read_back_once_and_only_for_their_process(tmp_path: Path
     path = tally.path(str(tmp_path), "producer_0")
     t = tally.Tally(path, 4242)
     assert tally.take(path, 4242) is None, "nothing written yet reads as nothing"
+    t.flushed({"acked": 5, "in": 9})
     t.write({"acked": 7, "in": 9, "other": 1})
     assert tally.take(path, 99) is None, "another process's counts"
-    counts = tally.take(path, 4242)
-    assert counts is not None and counts["acked"] == 7 and counts["in"] == 9
-    assert "other" not in counts
+    words = tally.take(path, 4242)
+    assert words is not None and words.counts["acked"] == 7 and words.counts["in"] == 9
+    assert "other" not in words.counts
+    assert words.unpublished() == {"acked": 2}
     assert not os.path.exists(path)
     assert tally.take(path, 4242) is None
 
@@ -52,7 +54,31 @@ def test_last_words_count_what_the_last_report_missed_once() -> None:
     # its successor counts from zero
     board.record("producer_0", {"pid": 2, "acked": 5})
     assert board.sum(["producer_0"], "acked") == 30
-    # a clean exit's own last report, arriving after the tally was taken, adds nothing
+    # its reports read only after its tally was taken (still in the hub's socket when
+    # its exit was seen) are no later than the tally: they change no count
     board.last_words("producer_0", 2, {"acked": 8})
-    board.record("producer_0", {"pid": 2, "acked": 8})
+    board.record("producer_0", {"pid": 2, "acked": 6, "source": {"unacked": 0}})
     assert board.sum(["producer_0"], "acked") == 33
+    assert board.source("producer_0") == {"unacked": 0}
+    board.record("producer_0", {"pid": 3, "acked": 1})
+    assert board.sum(["producer_0"], "acked") == 34
+
+
+def test_a_source_with_its_own_failure_books_keeps_its_failed_count() -> None:
+    board = Board(_Topology())  # type: ignore[arg-type]
+    board.record("producer_0", {"pid": 1, "failed": 2, "source": {"failures": 5}})
+    board.last_words("producer_0", 1, {"failed": 9, "acked": 4})
+    assert board.sum(["producer_0"], "failed") == 2
+    assert board.sum(["producer_0"], "acked") == 4
+
+
+def test_unpublished_metrics_by_sample_name() -> None:
+    from offbroadway.daemon.shell.app import unpublished_metrics
+
+    words = tally.LastWords({"acked": 10, "failed": 3, "in": 12, "out": 12},
+                            {"acked": 4, "failed": 1, "in": 12, "out": 13})
+    assert unpublished_metrics("producer_0", words, own_books=False) == {
+        "offbroadway_messages_acked_total": 6, "offbroadway_messages_failed_total": 2}
+    assert unpublished_metrics("producer_0", words, own_books=True) == {
+        "offbroadway_messages_acked_total": 6}
+    assert unpublished_metrics("producer_0", None, own_books=False) == {}
