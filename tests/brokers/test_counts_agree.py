@@ -127,6 +127,8 @@ def test_summary_log_status_and_metrics_agree_with_the_broker(short_tmp: Path, r
     assert sorted(rabbit.take_all(queue)) == sorted(f"m{i}" for i in range(N) if i % 100 == 42)
 
 
+# the spool's case is the default run's (tests/e2e/test_counts_truth.py)
+@pytest.mark.slow
 def test_acks_a_producer_made_before_its_sigkill_are_counted_on_every_surface(
         short_tmp: Path, rabbit) -> None:
     """The producer SIGKILLed while acks flow: it sends no report as it dies, yet what it
