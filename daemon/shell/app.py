@@ -163,6 +163,10 @@ class Daemon:
             # kept it from sending (its tally, :mod:`offbroadway.stages.runtime.tally`)
             words = tally.take(tally.path(self.config.runtime.dir, event.child_id), event.pid)
             own_books = "failures" in self.state.board.source(event.child_id)
+            notes = tally.take_notes(tally.notes_path(self.config.runtime.dir,
+                                                      event.child_id), event.pid)
+            if notes:
+                self._effects(self.state.last_notes(event.child_id, notes))
             if words is not None:
                 self.state.board.last_words(event.child_id, event.pid, words.counts)
             if self.metrics_server is not None:

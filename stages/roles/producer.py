@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from itertools import repeat
 from operator import contains, itemgetter
@@ -37,6 +38,7 @@ from ..poison.guard import PoisonGuard
 from ..runtime.handler import load_handler
 from ..runtime.spec import StageSpec
 from ..runtime.stage import Stage, ZmqIO
+from ..runtime.tally import NoteRing, notes_path
 from ..sources import get_source
 from ..sources.base import FailedItem, failure_of
 from ..wire import commands, protocol
@@ -124,6 +126,8 @@ class ProducerStage(Stage):
         #: the source counts failed messages itself (``failed`` is its ``rejected``, read
         #: at each report), not one per failed settlement (set by :meth:`stats`)
         self._own_books = False
+        #: the source counts its acks as they leave for the broker (``acks_sent``)
+        self._acks_at_source = False
 
     # -- lifecycle ------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -136,6 +140,19 @@ class ProducerStage(Stage):
                 log.info("%s: %d suspect message(s) kept from this producer's previous "
                          "incarnation (crashes counted on)", self.id, kept)
             self._books_revision = self.poison.revision
+        count_acks = getattr(self.source, "count_acks", None)
+        if count_acks is not None:
+            # its acks are counted as they leave, on its own thread (:mod:`.tally`)
+            count_acks(self.tally.source_acks())
+            self._acks_at_source = True
+        journal = getattr(self.source, "journal_notes", None)
+        if journal is not None:
+            # its failure-book notes outlive a SIGKILL (:class:`.tally.NoteRing`)
+            try:
+                journal(NoteRing(notes_path(self.spec.runtime_dir, self.id), os.getpid()))
+            except OSError as exc:
+                log.warning("%s: no notes file (%s): a SIGKILL loses the failure-book "
+                            "notes since the last report", self.id, exc)
         self.source.open()
         self.downstream = Downstream(self, self.dispatcher, self._on_frame, self._on_burst,
                                      self._on_return)
@@ -156,6 +173,8 @@ class ProducerStage(Stage):
                              poison_failed=self.poison.failed)
         src = self.source.stats()
         self._own_books = "failures" in src
+        if self._acks_at_source:
+            self.counters["acked"] = int(src.get("acks_sent") or 0)
         if self._own_books:
             # the source counts failed messages itself, each once however often it was
             # delivered: the books' ``failed`` are the ones it rejected (a counter never goes
@@ -248,7 +267,8 @@ class ProducerStage(Stage):
         self.counters["unknown_acks"] = self.inflight.unknown
         if handles:
             self.source.ack(handles)
-            self.counters["acked"] += len(handles)
+            if not self._acks_at_source:
+                self.counters["acked"] += len(handles)
         if failures:
             self.source.fail(failures)
             self.counters["failures"] = self.counters.get("failures", 0) + len(failures)

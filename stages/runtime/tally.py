@@ -13,9 +13,17 @@ incarnation's last report.
 
 Layout (little-endian), one file per stage id in the private runtime dir, mode 0600::
 
-    magic "OBT1", state u8, pad 3, pid u32,
+    magic "OBT1", state u8, flags u8, pad 2, pid u32,
     counts   one i64 per key of :data:`KEYS` (as of the stage's last write)
     flushed  one i64 per key of :data:`KEYS` (as its metrics last published them)
+    acked    i64: the acks a source that settles on a thread of its own has sent (flag
+             :data:`SOURCE_ACKS`): it stands for ``counts["acked"]``
+
+A source whose acks leave on its own I/O thread, in their own time (RabbitMQ sends the acks
+behind a still unsettled delivery after a while), counts an ack once the broker was sent
+it, there and then (:meth:`Tally.source_acks`): an ack counted when the producer handed it
+over, and lost with the process before it left, would be counted again when the broker
+delivers the message again.
 
 The daemon adds ``counts - flushed`` to the dead process's ``/metrics`` counters, and takes
 ``counts`` as its last report.
@@ -30,18 +38,23 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 MAGIC = b"OBT1"
 #: the counts kept (those the daemon's books total over a stage's incarnations)
 KEYS = ("in", "out", "failed", "acked", "requeued", "batches", "already_written")
-HEADER = struct.Struct("<4sB3xI")
+HEADER = struct.Struct("<4sBB2xI")
 STATE_AT = 4
+FLAGS_AT = 5
+#: flag: the ``acked`` slot is the source's count of acks sent
+SOURCE_ACKS = 1
 VALUES = struct.Struct("<" + "q" * len(KEYS))
 COUNTS_AT = HEADER.size
 FLUSHED_AT = COUNTS_AT + VALUES.size
-SIZE = FLUSHED_AT + VALUES.size
+ACKED_AT = FLUSHED_AT + VALUES.size
+SIZE = ACKED_AT + 8
 WRITING, READY = 1, 2
 
 
@@ -62,7 +75,13 @@ class Tally:
             self._mm = mmap.mmap(fd, SIZE)
         finally:
             os.close(fd)
-        HEADER.pack_into(self._mm, 0, MAGIC, WRITING, pid)
+        HEADER.pack_into(self._mm, 0, MAGIC, WRITING, 0, pid)
+
+    def source_acks(self) -> memoryview:
+        """The slot where the source keeps its count of acks sent (one 8-byte store per
+        update, from its own thread); from now on it is the stage's ``acked``."""
+        self._mm[FLAGS_AT] = SOURCE_ACKS
+        return memoryview(self._mm)[ACKED_AT:ACKED_AT + 8].cast("q")
 
     def write(self, counters: Mapping[str, int]) -> None:
         """The counts as they are now."""
@@ -88,6 +107,9 @@ class _NoTally(Tally):
     def _put(self, at: int, counters: Mapping[str, int]) -> None:
         pass
 
+    def source_acks(self) -> memoryview:
+        return memoryview(bytearray(8)).cast("q")
+
 
 NO_TALLY: Tally = _NoTally()
 
@@ -109,11 +131,13 @@ def parse(raw: bytes, pid: int) -> LastWords | None:
     """A tally file's bytes, if they are whole and ``pid``'s."""
     if len(raw) < SIZE:
         return None
-    magic, state, owner = HEADER.unpack_from(raw)
+    magic, state, flags, owner = HEADER.unpack_from(raw)
     if magic != MAGIC or state != READY or owner != pid:
         return None
-    return LastWords(dict(zip(KEYS, VALUES.unpack_from(raw, COUNTS_AT))),
-                     dict(zip(KEYS, VALUES.unpack_from(raw, FLUSHED_AT))))
+    counts = dict(zip(KEYS, VALUES.unpack_from(raw, COUNTS_AT)))
+    if flags & SOURCE_ACKS:
+        counts["acked"] = struct.unpack_from("<q", raw, ACKED_AT)[0]
+    return LastWords(counts, dict(zip(KEYS, VALUES.unpack_from(raw, FLUSHED_AT))))
 
 
 def take(file_path: str, pid: int) -> LastWords | None:
@@ -136,3 +160,88 @@ def take(file_path: str, pid: int) -> LastWords | None:
         except OSError:
             pass
     return words
+
+
+# -- a producer's failure-book notes -------------------------------------------------------
+#: a producer's notes file: header (magic "OBN1", pad 4, pid u32, pad 4, notes written
+#: u64), then a ring of :data:`RING` notes (kind u8, pad 7, digest i64, when f64)
+NOTES_MAGIC = b"OBN1"
+NOTES_HEADER = struct.Struct("<4s4xI4xQ")
+NOTE = struct.Struct("<B7xqd")
+#: notes the ring holds: more than any producer notes between two reports (a second)
+RING = 1 << 17
+NOTES_SIZE = NOTES_HEADER.size + RING * NOTE.size
+_COUNT_AT = 16
+
+
+def notes_path(runtime_dir: str, stage_id: str) -> str:
+    return os.path.join(runtime_dir, f"{stage_id}.notes")
+
+
+class NoteRing:
+    """A producer's failure-book notes (daemon/core/failing.py), each also written to a
+    ring in a shared mapping of a file as it is made: the notes since its last report go
+    with the report, and a SIGKILL would lose them (a message that failed, then went
+    through in the last second, would stay failing in the daemon's books for good).  The
+    daemon reads the ring when the producer has exited (:func:`take_notes`).  A note is
+    written before the count that includes it: a write cut short is not read."""
+
+    def __init__(self, file_path: str, pid: int) -> None:
+        fd = os.open(file_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            os.ftruncate(fd, 0)
+            os.ftruncate(fd, NOTES_SIZE)     # sparse: pages are used as notes fill them
+            self._mm = mmap.mmap(fd, NOTES_SIZE)
+        finally:
+            os.close(fd)
+        NOTES_HEADER.pack_into(self._mm, 0, NOTES_MAGIC, pid, 0)
+        self._count = 0
+        self._counter = memoryview(self._mm)[_COUNT_AT:_COUNT_AT + 8].cast("Q")
+
+    def write(self, kind: int, digest: int, when: float) -> None:
+        n = self._count
+        NOTE.pack_into(self._mm, NOTES_HEADER.size + (n % RING) * NOTE.size, kind, digest,
+                       when)
+        self._count = self._counter[0] = n + 1
+
+
+class JournaledNotes(deque):
+    """A deque of notes (``(kind, digest, when)``) that writes each one appended to a
+    :class:`NoteRing` too: a source's notes, as it makes them."""
+
+    def __init__(self, ring: NoteRing, maxlen: int | None = None) -> None:
+        super().__init__(maxlen=maxlen)
+        self.ring = ring
+
+    def append(self, note: tuple[int, int, float]) -> None:
+        self.ring.write(*note)
+        super().append(note)
+
+
+def take_notes(file_path: str, pid: int) -> list[list]:
+    """The notes in the ring of a producer whose process ``pid`` has exited, oldest first
+    (``[kind, digest, when]``), and the file removed; [] if there is none of ``pid``'s."""
+    try:
+        fd = os.open(file_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return []
+    try:
+        with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as mm:
+            if len(mm) < NOTES_SIZE:
+                return []
+            magic, owner, count = NOTES_HEADER.unpack_from(mm)
+            if magic != NOTES_MAGIC or owner != pid:
+                return []
+            first = max(0, count - RING)
+            notes = [list(NOTE.unpack_from(mm, NOTES_HEADER.size + (i % RING) * NOTE.size))
+                     for i in range(first, count)]
+    except (OSError, ValueError):
+        return []
+    finally:
+        os.close(fd)
+    try:
+        os.unlink(file_path)
+    except OSError:
+        pass
+    return notes
