@@ -128,6 +128,7 @@ class ProducerStage(Stage):
         self._own_books = False
         #: the source counts its acks as they leave for the broker (``acks_sent``)
         self._acks_at_source = False
+        self._acked_slot = self.tally.acked_slot()    # (the real one from :meth:`setup`)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -140,10 +141,12 @@ class ProducerStage(Stage):
                 log.info("%s: %d suspect message(s) kept from this producer's previous "
                          "incarnation (crashes counted on)", self.id, kept)
             self._books_revision = self.poison.revision
+        # the count of acks, kept where a SIGKILL cannot take it (:mod:`.tally`): by the
+        # source as its acks leave, on its own thread, or here as they are applied
+        self._acked_slot = self.tally.acked_slot()
         count_acks = getattr(self.source, "count_acks", None)
         if count_acks is not None:
-            # its acks are counted as they leave, on its own thread (:mod:`.tally`)
-            count_acks(self.tally.source_acks())
+            count_acks(self._acked_slot)
             self._acks_at_source = True
         journal = getattr(self.source, "journal_notes", None)
         if journal is not None:
@@ -268,15 +271,15 @@ class ProducerStage(Stage):
         if handles:
             self.source.ack(handles)
             if not self._acks_at_source:
-                self.counters["acked"] += len(handles)
+                # applied at the source: a SIGKILL from here on must not take them from
+                # the books (the next report may never come)
+                self._acked_slot[0] = self.counters["acked"] = \
+                    self.counters["acked"] + len(handles)
         if failures:
             self.source.fail(failures)
             self.counters["failures"] = self.counters.get("failures", 0) + len(failures)
             if not self._own_books:
                 self.counters["failed"] += len(failures)
-        if handles or failures:
-            # applied at the source: a SIGKILL from here on must not take them from the
-            # books (the next report may never come)
             self.tally.write(self.counters)
 
     # -- moving events --------------------------------------------------------------------------

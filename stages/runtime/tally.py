@@ -16,14 +16,15 @@ Layout (little-endian), one file per stage id in the private runtime dir, mode 0
     magic "OBT1", state u8, flags u8, pad 2, pid u32,
     counts   one i64 per key of :data:`KEYS` (as of the stage's last write)
     flushed  one i64 per key of :data:`KEYS` (as its metrics last published them)
-    acked    i64: the acks a source that settles on a thread of its own has sent (flag
-             :data:`SOURCE_ACKS`): it stands for ``counts["acked"]``
+    acked    i64: a producer's acks, kept by one 8-byte store as they are applied (flag
+             :data:`ACKED_SLOT`): it stands for ``counts["acked"]``
 
-A source whose acks leave on its own I/O thread, in their own time (RabbitMQ sends the acks
-behind a still unsettled delivery after a while), counts an ack once the broker was sent
-it, there and then (:meth:`Tally.source_acks`): an ack counted when the producer handed it
-over, and lost with the process before it left, would be counted again when the broker
-delivers the message again.
+The ``acked`` slot is what a producer updates on its hot path (one store per settlement,
+not the whole record).  A source whose acks leave on its own I/O thread, in their own time
+(RabbitMQ sends the acks behind a still unsettled delivery after a while), keeps it
+itself, once the broker was sent the ack (:meth:`Tally.acked_slot`): an ack counted when
+the producer handed it over, and lost with the process before it left, would be counted
+again when the broker delivers the message again.
 
 The daemon adds ``counts - flushed`` to the dead process's ``/metrics`` counters, and takes
 ``counts`` as its last report.
@@ -48,8 +49,8 @@ KEYS = ("in", "out", "failed", "acked", "requeued", "batches", "already_written"
 HEADER = struct.Struct("<4sBB2xI")
 STATE_AT = 4
 FLAGS_AT = 5
-#: flag: the ``acked`` slot is the source's count of acks sent
-SOURCE_ACKS = 1
+#: flag: the ``acked`` slot is the stage's count of acks
+ACKED_SLOT = 1
 VALUES = struct.Struct("<" + "q" * len(KEYS))
 COUNTS_AT = HEADER.size
 FLUSHED_AT = COUNTS_AT + VALUES.size
@@ -77,10 +78,10 @@ class Tally:
             os.close(fd)
         HEADER.pack_into(self._mm, 0, MAGIC, WRITING, 0, pid)
 
-    def source_acks(self) -> memoryview:
-        """The slot where the source keeps its count of acks sent (one 8-byte store per
-        update, from its own thread); from now on it is the stage's ``acked``."""
-        self._mm[FLAGS_AT] = SOURCE_ACKS
+    def acked_slot(self) -> memoryview:
+        """The slot where the stage's count of acks is kept from now on (``slot[0] = n``,
+        one 8-byte store, from whichever thread applies the acks)."""
+        self._mm[FLAGS_AT] = ACKED_SLOT
         return memoryview(self._mm)[ACKED_AT:ACKED_AT + 8].cast("q")
 
     def write(self, counters: Mapping[str, int]) -> None:
@@ -107,7 +108,7 @@ class _NoTally(Tally):
     def _put(self, at: int, counters: Mapping[str, int]) -> None:
         pass
 
-    def source_acks(self) -> memoryview:
+    def acked_slot(self) -> memoryview:
         return memoryview(bytearray(8)).cast("q")
 
 
@@ -135,7 +136,7 @@ def parse(raw: bytes, pid: int) -> LastWords | None:
     if magic != MAGIC or state != READY or owner != pid:
         return None
     counts = dict(zip(KEYS, VALUES.unpack_from(raw, COUNTS_AT)))
-    if flags & SOURCE_ACKS:
+    if flags & ACKED_SLOT:
         counts["acked"] = struct.unpack_from("<q", raw, ACKED_AT)[0]
     return LastWords(counts, dict(zip(KEYS, VALUES.unpack_from(raw, FLUSHED_AT))))
 

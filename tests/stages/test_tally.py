@@ -29,6 +29,16 @@ def test_the_counts_are_read_back_once_and_only_for_their_process(tmp_path: Path
     assert tally.take(path, 4242) is None
 
 
+def test_the_acked_slot_stands_for_the_acked_count(tmp_path: Path) -> None:
+    path = tally.path(str(tmp_path), "producer_0")
+    t = tally.Tally(path, 7)
+    slot = t.acked_slot()
+    t.write({"acked": 3, "in": 10})       # a report's figures
+    slot[0] = 9                           # acks applied since (or sent, by the source)
+    words = tally.take(path, 7)
+    assert words is not None and words.counts["acked"] == 9 and words.counts["in"] == 10
+
+
 def test_a_write_cut_short_reads_as_nothing(tmp_path: Path) -> None:
     path = tally.path(str(tmp_path), "p")
     t = tally.Tally(path, 1)
