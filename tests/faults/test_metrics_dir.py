@@ -39,7 +39,9 @@ def scrape(port: int) -> dict[tuple[str, str], float]:
     out: dict[tuple[str, str], float] = defaultdict(float)
     for line in body.decode().splitlines():
         m = re.match(r'^(offbroadway_[a-z_]+)\{([^}]*)\} (\S+)$', line)
-        if m is None or m[1].startswith(("offbroadway_child_", "offbroadway_rate_limit")):
+        # (the tree's and the daemon's own process series are not the stages' books)
+        if m is None or m[1].startswith(("offbroadway_child_", "offbroadway_rate_limit",
+                                         "offbroadway_daemon_")):
             continue
         stage = re.search(r'child="([^"]*)"', m[2])
         le = re.search(r'(?:^|,)le="([^"]*)"', m[2])
