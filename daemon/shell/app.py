@@ -69,7 +69,6 @@ def config_secrets(config: Config) -> list[str]:
     return redact.value_secrets(tree)
 
 
-
 def unpublished_metrics(stage_id: str, words: tally.LastWords | None,
                         own_books: bool) -> dict[str, float]:
     """A dead stage's counts its metrics never published, by sample name.  ``own_books``:
@@ -84,6 +83,7 @@ def unpublished_metrics(stage_id: str, words: tally.LastWords | None,
         if metric is not None and not (own_books and key == "failed"):
             out[metric[0]] = delta
     return out
+
 
 class Daemon:
     def __init__(self, config: Config, *, until_idle: bool = False,
