@@ -54,6 +54,8 @@ class FailingLedger:
         self._latest = 0.0
         #: has any producer noted anything (a source that keeps these books)?
         self.noted = False
+        #: producer -> the time of the last note its reports brought
+        self._heard: dict[str, float] = {}
 
     def count(self, owners: Iterable[str] | None = None) -> int:
         """Failed messages still in circulation (those last failed on ``owners``)."""
@@ -81,6 +83,8 @@ class FailingLedger:
             if not isinstance(digest, int):
                 continue
             self._latest = max(self._latest, when)
+            if when > self._heard.get(stage, 0.0):
+                self._heard[stage] = when
             last = failing.get(digest)
             if kind == NOTE_FAILED:
                 ended = settled.get(digest)
@@ -102,6 +106,14 @@ class FailingLedger:
         self._forget_old()
         return [Send(p, commands.Reconcile(settled=drop.get(p, []), moved=moved.get(p, [])))
                 for p in sorted(set(drop) | set(moved))]
+
+    def unheard(self, stage: str, notes: list[list]) -> list[list]:
+        """Of the notes an exited producer kept (its notes file, oldest first), those its
+        reports may not have brought: from the time of the last one they did (notes of
+        one moment can be split between two reports; taken twice, a note changes
+        nothing)."""
+        heard = self._heard.get(stage, 0.0)
+        return [n for n in notes if n[2] >= heard]
 
     def _forget_old(self) -> None:
         settled, horizon = self._settled, self._latest - SETTLED_WINDOW

@@ -131,6 +131,16 @@ class PipelineState:
         # notes can change the books the drain's summary waits on
         return Effects(sends=sends, progress=bool(sends))
 
+    def last_notes(self, stage_id: str, notes: list[list]) -> Effects:
+        """The failure-book notes an exited producer kept in its notes file, those its
+        reports did not bring (a SIGKILL sends no last report): the books take them as a
+        report's, and the other producers are told what changes theirs."""
+        unheard = self.ledger.unheard(stage_id, notes)
+        if not unheard:
+            return Effects()
+        return Effects(sends=self.ledger.take(stage_id, unheard, self.topology.producers),
+                       progress=True)
+
     def supervision(self, event: object, record: Blame | None = None) -> Effects:
         """A supervision event: the reactions (:mod:`.reactions`) decide what to send, and
         the terminator learns of exits and of a drain that can no longer complete.

@@ -31,11 +31,34 @@ class Board:
         #: stage id -> its last report's counters, with ``at`` (when it came)
         self.stats: dict[str, dict] = {}
         self.totals = StageTotals()
+        #: stage id -> (pid, counts) of its last incarnation whose tally was taken
+        self._words: dict[str, tuple[int, dict[str, int]]] = {}
 
     def record(self, stage_id: str, stats: dict) -> None:
+        words = self._words.get(stage_id)
+        if words is not None and words[0] == stats.get("pid"):
+            # a report of an incarnation whose tally was taken, read only now: its counts
+            # are no later than the tally's
+            stats = {**stats, **words[1]}
         # a late last report of an earlier incarnation counts in the totals only
         if self.totals.report(stage_id, stats):
             self.stats[stage_id] = {**stats, "at": time.time()}
+
+    def last_words(self, stage_id: str, pid: int, counts: dict[str, int]) -> None:
+        """The counts an exited incarnation (``pid``) kept in its tally file
+        (:mod:`offbroadway.stages.runtime.tally`), taken as its last report: written
+        before each report it sent and after each settlement, they are at least as recent
+        as any report of it, and a SIGKILL let it send none as it died.  The rest of its
+        figures are its last report's.  A source that counts its failed messages itself
+        (``failures`` in its figures) is read from its own figures, not ``failed``."""
+        last = self.stats.get(stage_id)
+        base = {k: v for k, v in last.items() if k != "at"} \
+            if last is not None and last.get("pid") == pid else {}
+        src = base.get("source")
+        if isinstance(src, dict) and "failures" in src:
+            counts = {k: v for k, v in counts.items() if k != "failed"}
+        self._words[stage_id] = (pid, counts)
+        self.record(stage_id, {**base, **counts, "pid": pid})
 
     def sum(self, stages: list[str], key: str) -> int:
         return self.totals.sum(stages, key)

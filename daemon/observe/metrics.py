@@ -257,11 +257,12 @@ def serve(listen: str, path: str, pipeline: str, snapshot: Callable[[], dict], *
     return server
 
 
-def process_dead(pid: int, path: str) -> None:
+def process_dead(pid: int, path: str, unpublished: dict[str, float] | None = None) -> None:
     """A stage process exited: fold its files into the archives (and any other dead
-    process's the daemon was not told about), so the dir does not grow with restarts."""
+    process's the daemon was not told about), so the dir does not grow with restarts;
+    ``unpublished``: what it counted after its last flush (its tally), by sample name."""
     try:
-        metricsdir.compact(pid, path)
+        metricsdir.compact(pid, path, unpublished)
         metricsdir.sweep(path)
     except OSError as exc:
         log.warning("metrics: cannot compact %s after pid %d exited: %s", path, pid, exc)

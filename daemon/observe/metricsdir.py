@@ -26,12 +26,13 @@ loses nothing that matters: the dir is wiped when the daemon starts.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import struct
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import psutil
 
@@ -66,10 +67,12 @@ def pids_with_files(path: str) -> set[int]:
     return out
 
 
-def compact(pid: int, path: str) -> int:
+def compact(pid: int, path: str, unpublished: Mapping[str, float] | None = None) -> int:
     """Fold the files of the dead process ``pid`` into the archives; returns how many
     files were removed.  Call only once ``pid`` has exited (its supervisor reaped it):
-    a live process would go on writing into a file that is gone."""
+    a live process would go on writing into a file that is gone.  ``unpublished``:
+    counts the process made after its last flush, by sample name
+    (``offbroadway_messages_acked_total``), added to its counters of that name."""
     from prometheus_client import multiprocess
 
     removed = 0
@@ -84,7 +87,8 @@ def compact(pid: int, path: str) -> int:
                 continue
             file = os.path.join(path, name)
             if m["typ"] != "gauge":
-                _add_into(archive_path(path, m["typ"]), file)
+                _add_into(archive_path(path, m["typ"]), file,
+                          (unpublished or {}) if m["typ"] == "counter" else {})
             try:
                 os.remove(file)
                 removed += 1
@@ -105,8 +109,9 @@ def sweep(path: str, live: Iterable[int] = ()) -> int:
     return removed
 
 
-def _add_into(archive: str, file: str) -> None:
-    """Add every value of ``file`` to the same key in ``archive`` (created 0600)."""
+def _add_into(archive: str, file: str, extra: Mapping[str, float]) -> None:
+    """Add every value of ``file`` to the same key in ``archive`` (created 0600), and
+    ``extra[sample name]`` to the values of that sample."""
     from prometheus_client.mmap_dict import MmapedDict
 
     try:
@@ -126,9 +131,21 @@ def _add_into(archive: str, file: str) -> None:
     try:
         for key, value, timestamp, _ in values:
             old = target.read_value(key)   # (value, timestamp) in the versions we need
+            if extra:
+                value += extra.get(_sample_name(key), 0)
             target.write_value(key, old[0] + value, timestamp)
     finally:
         target.close()
+
+
+def _sample_name(key: str) -> str:
+    """The sample's name in a multiprocess file's key (JSON: metric name, sample name,
+    label names, label values, help)."""
+    try:
+        parts = json.loads(key)
+        return parts[1] if isinstance(parts, list) and len(parts) > 1 else ""
+    except ValueError:
+        return ""
 
 
 def _listdir(path: str) -> list[str]:

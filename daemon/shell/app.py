@@ -30,10 +30,12 @@ from typing import Any
 from offbroadway.stages.flow import ratelimit
 from offbroadway.stages.flow.ratelimit import SharedRateLimit
 from offbroadway.stages.poison import books as poison_books
-from offbroadway.stages.runtime import redact
+from offbroadway.stages.runtime import redact, tally
+from offbroadway.stages.runtime.metrics import counter_for
 from offbroadway.stages.wire import commands
 from offbroadway.supervision import ChildExited, Supervisor
 
+from ..config.names import role_of
 from ..config.records import CONTROL_SOCKET, Config
 from ..core.pipeline import Effects, PipelineState, TreeHandle
 from ..core.poison import read_blame
@@ -65,6 +67,22 @@ def config_secrets(config: Config) -> list[str]:
     except TypeError:
         tree = vars(config)
     return redact.value_secrets(tree)
+
+
+def unpublished_metrics(stage_id: str, words: tally.LastWords | None,
+                        own_books: bool) -> dict[str, float]:
+    """A dead stage's counts its metrics never published, by sample name.  ``own_books``:
+    the stage is a producer whose source counts failed messages itself (its ``failed``
+    metric is the source's, not the stage counter's)."""
+    role = role_of(stage_id)
+    if words is None or role is None:
+        return {}
+    out: dict[str, float] = {}
+    for key, delta in words.unpublished().items():
+        metric = counter_for(role, key)
+        if metric is not None and not (own_books and key == "failed"):
+            out[metric[0]] = delta
+    return out
 
 
 class Daemon:
@@ -141,8 +159,19 @@ class Daemon:
         record = None
         self.timeline.supervision(event)
         if isinstance(event, ChildExited):
+            # the counts since its last report and its last metrics flush, which a SIGKILL
+            # kept it from sending (its tally, :mod:`offbroadway.stages.runtime.tally`)
+            words = tally.take(tally.path(self.config.runtime.dir, event.child_id), event.pid)
+            own_books = "failures" in self.state.board.source(event.child_id)
+            notes = tally.take_notes(tally.notes_path(self.config.runtime.dir,
+                                                      event.child_id), event.pid)
+            if notes:
+                self._effects(self.state.last_notes(event.child_id, notes))
+            if words is not None:
+                self.state.board.last_words(event.child_id, event.pid, words.counts)
             if self.metrics_server is not None:
-                metrics.process_dead(event.pid, self.metrics_dir)
+                metrics.process_dead(event.pid, self.metrics_dir,
+                                     unpublished_metrics(event.child_id, words, own_books))
             if event.child_id in self.state.reactions.blamed:
                 record = read_blame(self.config.runtime.dir, event)
         self._effects(self.state.supervision(event, record))

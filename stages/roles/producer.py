@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from itertools import repeat
 from operator import contains, itemgetter
@@ -37,6 +38,7 @@ from ..poison.guard import PoisonGuard
 from ..runtime.handler import load_handler
 from ..runtime.spec import StageSpec
 from ..runtime.stage import Stage, ZmqIO
+from ..runtime.tally import NoteRing, notes_path
 from ..sources import get_source
 from ..sources.base import FailedItem, failure_of
 from ..wire import commands, protocol
@@ -121,6 +123,12 @@ class ProducerStage(Stage):
         self.accept(commands.Reconcile, self._on_reconcile)
         #: the source's failure-book notes not yet sent to the daemon (see :meth:`report`)
         self._notes: list[list] = []
+        #: the source counts failed messages itself (``failed`` is its ``rejected``, read
+        #: at each report), not one per failed settlement (set by :meth:`stats`)
+        self._own_books = False
+        #: the source counts its acks as they leave for the broker (``acks_sent``)
+        self._acks_at_source = False
+        self._acked_slot = self.tally.acked_slot()    # (the real one from :meth:`setup`)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -133,6 +141,21 @@ class ProducerStage(Stage):
                 log.info("%s: %d suspect message(s) kept from this producer's previous "
                          "incarnation (crashes counted on)", self.id, kept)
             self._books_revision = self.poison.revision
+        # the count of acks, kept where a SIGKILL cannot take it (:mod:`.tally`): by the
+        # source as its acks leave, on its own thread, or here as they are applied
+        self._acked_slot = self.tally.acked_slot()
+        count_acks = getattr(self.source, "count_acks", None)
+        if count_acks is not None:
+            count_acks(self._acked_slot)
+            self._acks_at_source = True
+        journal = getattr(self.source, "journal_notes", None)
+        if journal is not None:
+            # its failure-book notes outlive a SIGKILL (:class:`.tally.NoteRing`)
+            try:
+                journal(NoteRing(notes_path(self.spec.runtime_dir, self.id), os.getpid()))
+            except OSError as exc:
+                log.warning("%s: no notes file (%s): a SIGKILL loses the failure-book "
+                            "notes since the last report", self.id, exc)
         self.source.open()
         self.downstream = Downstream(self, self.dispatcher, self._on_frame, self._on_burst,
                                      self._on_return)
@@ -152,17 +175,15 @@ class ProducerStage(Stage):
         self.counters.update(poison_strikes=self.poison.struck,
                              poison_failed=self.poison.failed)
         src = self.source.stats()
-        if "failures" in src:
+        self._own_books = "failures" in src
+        if self._acks_at_source:
+            self.counters["acked"] = int(src.get("acks_sent") or 0)
+        if self._own_books:
             # the source counts failed messages itself, each once however often it was
             # delivered: the books' ``failed`` are the ones it rejected (a counter never goes
             # down: those back in the queue are the gauge ``failing``), ``failures`` the
             # failed deliveries
             self.counters["failed"] = int(src.get("rejected") or 0)
-        if "stale" in src:
-            # the source drops the acks of deliveries from a connection it lost (the broker
-            # delivers those messages again, and they are acked again then): its own count
-            # of acks taken is the one that counts each message once
-            self.counters["acked"] = int(src.get("acked") or 0)
         s = super().stats()
         if "failing" in src:
             s["failing"] = int(src.get("failing") or 0)
@@ -249,11 +270,17 @@ class ProducerStage(Stage):
         self.counters["unknown_acks"] = self.inflight.unknown
         if handles:
             self.source.ack(handles)
-            self.counters["acked"] += len(handles)
+            if not self._acks_at_source:
+                # applied at the source: a SIGKILL from here on must not take them from
+                # the books (the next report may never come)
+                self._acked_slot[0] = self.counters["acked"] = \
+                    self.counters["acked"] + len(handles)
         if failures:
             self.source.fail(failures)
             self.counters["failures"] = self.counters.get("failures", 0) + len(failures)
-            self.counters["failed"] += len(failures)
+            if not self._own_books:
+                self.counters["failed"] += len(failures)
+            self.tally.write(self.counters)
 
     # -- moving events --------------------------------------------------------------------------
     def pump(self) -> None:

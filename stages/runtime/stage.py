@@ -40,8 +40,13 @@ from ..wire import commands, protocol
 from .failures import FailureTally
 from .metrics import StageMetrics
 from .spec import HUB, StageSpec, endpoint, hub_identity
+from .tally import NO_TALLY, Tally
+from .tally import path as tally_path
 
 log = logging.getLogger("offbroadway.stage")
+
+#: reports that carry the stage's figures (the tally keeps them too)
+_FIGURES = (commands.Stats, commands.Done, commands.Settled, commands.Left)
 
 Handler = Callable[[bytes, list], None]
 
@@ -165,6 +170,9 @@ class Stage:
         #: the daemon's commands this stage takes (:mod:`.commands`), by record type
         self._commands: dict[type[commands.Command], Callable[[Any], None]] = {}
         self.accept(commands.LogLevel, self._on_log_level)
+        #: the counts the daemon's books read, in a file that outlives a SIGKILL
+        #: (:mod:`.tally`); opened by :meth:`run`, a no-op in a stage that is not run
+        self.tally: Tally = NO_TALLY
 
     # -- wiring -----------------------------------------------------------------------------
     def register(self, sock: zmq.Socket, on_readable: Callable[[zmq.Socket], None]) -> None:
@@ -214,6 +222,8 @@ class Stage:
         self._commands[command] = handler
 
     def report(self, report: commands.Report) -> None:
+        if isinstance(report, _FIGURES):
+            self.tally.write(report.stats)
         self.hub.send(report.encode(), zmq.NOBLOCK)
 
     def frames(self, sock: zmq.Socket, peer: str) -> Iterator[list]:
@@ -269,12 +279,18 @@ class Stage:
         child.heartbeat()
         self._log_failures()
         stats = self.stats()
-        self.metrics.flush(self.counters, stats)
+        self._flush_metrics(stats)
         try:
             self.report(commands.Stats(stats))
         except zmq.Again:
             pass
         self.call_later(self.TICK, self._tick)
+
+    def _flush_metrics(self, stats: dict[str, Any]) -> None:
+        """Publish the metrics, and say so in the tally: the daemon publishes for a dead
+        stage what it counted since (:mod:`.tally`)."""
+        self.metrics.flush(self.counters, stats)
+        self.tally.flushed(self.counters)
 
     def _log_failures(self, final: bool = False) -> None:
         line = self.failures.line(float("inf") if final else time.monotonic(), self.id)
@@ -308,6 +324,11 @@ class Stage:
 
     def run(self) -> int:
         self._install_signals()
+        try:
+            self.tally = Tally(tally_path(self.spec.runtime_dir, self.id), os.getpid())
+        except OSError as exc:
+            log.warning("%s: no tally file (%s): a SIGKILL loses the counts since the last "
+                        "report", self.id, exc)
         self.setup()
         self.report(commands.Hello(os.getpid()))
         child.notify_ready()
@@ -335,7 +356,7 @@ class Stage:
             self._log_failures(final=True)    # what failed since the last line
             # what happened since the last tick: a stage stopped within a second of its
             # last work (an operator restart, a resize, a stop) would lose it from /metrics
-            self.metrics.flush(self.counters, self.stats())
+            self._flush_metrics(self.stats())
             self.teardown()
             self._report_last()
             if self.leaving:

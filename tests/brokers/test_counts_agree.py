@@ -125,3 +125,71 @@ def test_summary_log_status_and_metrics_agree_with_the_broker(short_tmp: Path, r
     wait_until(lambda: rabbit.ready(queue) == FAILING, timeout=10,
                message=f"{FAILING} messages in the queue")
     assert sorted(rabbit.take_all(queue)) == sorted(f"m{i}" for i in range(N) if i % 100 == 42)
+
+
+# the spool's case is the default run's (tests/e2e/test_counts_truth.py)
+@pytest.mark.slow
+def test_acks_a_producer_made_before_its_sigkill_are_counted_on_every_surface(
+        short_tmp: Path, rabbit) -> None:
+    """The producer SIGKILLed while acks flow: it sends no report as it dies, yet what it
+    acked at the broker since its last report must be in the summary, ``status`` and
+    ``/metrics`` (the broker never delivers those messages again)."""
+    import pika
+
+    n = 3000
+    queue = rabbit.queue()
+    rabbit.ch.confirm_delivery()
+    for i in range(n):
+        body = json.dumps({"seq": i, "fail": i % 100 == 42}).encode()
+        rabbit.ch.basic_publish("", queue, body, pika.BasicProperties(message_id=f"m{i}"))
+    failing = n // 100
+    port = free_port()
+    config = make_config(short_tmp, handler="tests.brokers.handlers:JsonBody", source="rabbitmq",
+                         context={"slow": 0.002},
+                         options={"url": AMQP_URL, "queue": queue, "prefetch_count": 50},
+                         batchers={"default": {"batch_size": 20, "batch_timeout": 0.2}})
+    config.write_text(config.read_text().replace('listen = ""', f'listen = "127.0.0.1:{port}"'))
+    log = open(short_tmp / "daemon.log", "w+")
+    daemon = subprocess.Popen(offbroadway_cmd("run", str(config)), cwd=REPO, env=test_env(),
+                              stdout=subprocess.PIPE, stderr=log, text=True)
+    try:
+        wait_until(lambda: 300 <= status(config).get("acked", 0), timeout=60,
+                   interval=0.05, message="300 acked")
+        left = rabbit.ready(queue)
+        kill_when_running(config, "producer_0")
+        assert left > 1000, "the run was nearly over before the kill"
+        seen: list[dict] = [{}]
+
+        def settled() -> dict | None:
+            s = seen[0] = status(config)
+            return s if s.get("acked", 0) >= n - failing and s.get("failed") == failing \
+                else None
+
+        try:
+            st = wait_until(settled, timeout=90, interval=0.2, message="all settled")
+        except AssertionError:
+            pytest.fail(f"not {n - failing} acked and {failing} failed in status: "
+                        f"{ {k: v for k, v in seen[0].items() if k != 'tree'} }\n"
+                        + (short_tmp / "daemon.log").read_text()[-6000:])
+        scrape = wait_until(
+            lambda: (t := urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                                 timeout=10).read().decode())
+            and metric(t, "offbroadway_messages_acked_total") >= n - failing and t,
+            timeout=10, message="the metrics' next flush")
+        daemon.send_signal(signal.SIGTERM)
+        out, _ = daemon.communicate(timeout=90)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait(30)
+    log.seek(0)
+    err = log.read()
+    assert daemon.returncode == 0, err[-3000:]
+    assert "producer_0" in err and "killed by SIGKILL" in err, err[-3000:]
+    assert st["acked"] == n - failing, {k: v for k, v in st.items() if k != "tree"}
+    assert metric(scrape, "offbroadway_messages_acked_total") == n - failing
+    summary = [ln for ln in out.splitlines() if "messages acked" in ln]
+    assert len(summary) == 1 and f"e2e: {n - failing} messages acked, {failing} failed" \
+        in summary[0], out + err[-3000:]
+    assert sorted(rabbit.take_all(queue)) == sorted(f"m{i}" for i in range(n)
+                                                    if i % 100 == 42)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.brokers.conftest import AMQP_URL
-from tests.brokers.test_counts_agree import metric, status
+from tests.brokers.test_counts_agree import kill_when_running, metric, status
 from tests.brokers.test_until_idle_failures import failed_deliveries, run_until_idle, summary
 from tests.conftest import REPO, free_port, offbroadway_cmd, test_env, wait_until
 from tests.e2e.test_pipeline import make_config
@@ -180,3 +180,33 @@ def test_messages_failing_for_ever_on_both_producers_end_the_run_counted_once(
     last = [ln for ln in proc.stderr.splitlines() if "--until-idle" in ln]
     assert last and f"{n} message(s) stay in queue {queue!r}" in last[-1], proc.stderr[-3000:]
     wait_until(lambda: rabbit.ready(queue) == n, timeout=10, message=f"{n} back in the queue")
+
+
+def test_a_producer_sigkilled_while_failed_messages_go_through_leaves_none_failing(
+        short_tmp: Path, rabbit) -> None:
+    """Every message fails on its first delivery and goes through on its second; a
+    producer is SIGKILLed while that happens.  What it settled since its last report
+    (redelivered messages that went through: their failure noted earlier) must not stay
+    in the books as failing: ``--until-idle`` exits 0, nothing failed, the queue empty."""
+    n = 4000
+    queue = rabbit.queue()
+    publish(rabbit, queue, [{"flaky": True}] * n)
+    config = config_for(short_tmp, queue, "reject_and_requeue", prefetch=50)
+    daemon = subprocess.Popen(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
+                              env=test_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        wait_until(lambda: status(config).get("acked", 0) >= 400, timeout=60, interval=0.05,
+                   message="400 acked")
+        kill_when_running(config, "producer_0")
+        assert rabbit.ready(queue) > 100, "the run was over before the kill"
+        out, err = daemon.communicate(timeout=150)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait(30)
+    assert "producer_0" in err and "killed by SIGKILL" in err, err[-3000:]
+    line = summary(out)
+    assert daemon.returncode == 0, (line, err[-4000:])
+    assert line.startswith(f"e2e: {n} messages acked, 0 failed"), line
+    assert rabbit.ready(queue) == 0

@@ -2,8 +2,10 @@
 in a source option named ``password``, through everything an operator does (start, status,
 a reload refused and one accepted, a restart, a scale, a kill, a stop) and a broker that
 refuses the password.  Every byte the run produced on every surface (stdout and stderr of
-the daemon and of every command, ``status --json``, ``/metrics``, ``/api/state``, the page,
-the files the daemon wrote) is searched, and the password appears nowhere.
+the daemon and of every command, ``status --json``, ``/metrics``, ``/api/state``, the page
+and its event stream, what the daemon tells systemd (``STATUS=``, through a notify socket
+of the test's own), the command lines of the daemon and its stages (the journal's
+``_CMDLINE``), the files the daemon wrote) is searched, and the password appears nowhere.
 
 The password is real: a RabbitMQ user of this test's own, removed at the end.
 """
@@ -13,7 +15,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
+import threading
 import urllib.request
 import uuid
 from pathlib import Path
@@ -81,9 +85,9 @@ state_dir = "{tmp / 'state'}"
 """
 
 
-def cli(*args: str) -> str:
+def cli(*args: str, env: dict[str, str] | None = None) -> str:
     """A command's every byte (stdout and stderr), whatever its exit code."""
-    res = subprocess.run(offbroadway_cmd(*args), cwd=REPO, env=test_env(),
+    res = subprocess.run(offbroadway_cmd(*args), cwd=REPO, env={**test_env(), **(env or {})},
                          capture_output=True, text=True, timeout=90)
     return f"$ {' '.join(args)} -> {res.returncode}\n{res.stdout}{res.stderr}"
 
@@ -113,6 +117,60 @@ def files_under(*dirs: Path) -> str:
     return "\n".join(out)
 
 
+def events(port: int, count: int = 2) -> str:
+    """The first ``count`` events of the page's stream (``/api/events``)."""
+    out: list[str] = []
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/events", timeout=10) as r:
+        while sum(1 for ln in out if ln.startswith("data:")) < count:
+            line = r.readline().decode("utf-8", "replace")
+            if not line:
+                break
+            out.append(line)
+    return "".join(out)
+
+
+def cmdlines(status: dict) -> str:
+    """The command lines of the daemon and of every stage in a ``status --json`` tree."""
+    pids = [status.get("pid")] + [n.get("pid") for n in walk(status["tree"])]
+    out = []
+    for pid in filter(None, pids):
+        try:
+            out.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+                       .decode("utf-8", "replace"))
+        except OSError:
+            pass
+    return "\n".join(out)
+
+
+class NotifySocket:
+    """A stand-in for systemd's notify socket: every datagram the daemon sends to it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.2)
+        self.got: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.got.append(self.sock.recv(65536).decode("utf-8", "replace"))
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    def close(self) -> str:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+        return "\n".join(self.got)
+
+
 def test_the_password_appears_on_no_surface(short_tmp: Path, rabbit, broker_user) -> None:
     user, password = broker_user
     queue = rabbit.queue()
@@ -124,7 +182,9 @@ def test_the_password_appears_on_no_surface(short_tmp: Path, rabbit, broker_user
     cfg = str(config)
     seen: list[str] = [cli("check", cfg)]
     log = open(short_tmp / "daemon.log", "w+")
-    daemon = subprocess.Popen(offbroadway_cmd("run", cfg), cwd=REPO, env=test_env(),
+    notify = NotifySocket(short_tmp / "notify.sock")
+    daemon = subprocess.Popen(offbroadway_cmd("run", cfg), cwd=REPO,
+                              env={**test_env(), "NOTIFY_SOCKET": str(notify.path)},
                               stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
         sock = ["--config", cfg]
@@ -135,7 +195,12 @@ def test_the_password_appears_on_no_surface(short_tmp: Path, rabbit, broker_user
                                       ).get("acked", 0) >= 50, timeout=60,
                    message="50 acked")
         seen += [cli("status", *sock), cli("status", "--json", *sock)]
-        seen += [get(port, "/metrics"), get(port, "/api/state"), get(port, "/")]
+        stream = events(port)
+        lines = cmdlines(json.loads(cli("status", "--json", *sock).split("\n", 1)[1]))
+        assert stream.count("data:") == 2 and "producer_0" in stream, stream[:2000]
+        assert lines.count("offbroadway") >= 6, lines    # the daemon and its stages
+        seen += [get(port, "/metrics"), get(port, "/api/state"), get(port, "/"), stream,
+                 lines]
         # a reload that cannot apply: the queue changed (and the password option with it)
         config.write_text(config_text(short_tmp, user=user, password=password + "x",
                                       queue=queue + "-other", port=port,
@@ -174,11 +239,17 @@ def test_the_password_appears_on_no_surface(short_tmp: Path, rabbit, broker_user
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait(30)
+        told = notify.close()
+    assert "READY=1" in told and "STATUS=" in told, told[-2000:]
+    seen.append(told)
     # a broker that refuses: the same password for a user it does not know
     refused_cfg = short_tmp / "refused.toml"
     refused_cfg.write_text(config_text(short_tmp, user=user + "-nobody", password=password,
                                        queue=queue, port=free_port()))
-    seen += [cli("check", str(refused_cfg)), cli("run", str(refused_cfg), "--until-idle")]
+    notify = NotifySocket(short_tmp / "notify-refused.sock")
+    seen += [cli("check", str(refused_cfg)),
+             cli("run", str(refused_cfg), "--until-idle", env={"NOTIFY_SOCKET": str(notify.path)})]
+    seen.append(notify.close())     # (a start refused says nothing to systemd but exits)
     log.seek(0)
     seen.append(log.read())
     seen.append(files_under(short_tmp / "run", short_tmp / "state", short_tmp / "out"))

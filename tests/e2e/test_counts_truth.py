@@ -91,6 +91,53 @@ def test_acks_flowing_when_a_batch_processor_dies_in_the_drain_are_all_counted(
     assert summary == [f"e2e: {n} messages acked, 0 failed"], out + err[-3000:]
 
 
+def _ledger_acked(tmp: Path, name: str = "part-000.jsonl") -> int:
+    """Lines the spool's own ack record says are settled (the source of truth)."""
+    from offbroadway.stages.sources.spool.ledger import parse
+
+    try:
+        raw = (tmp / "state" / "spool" / f"{name}.acked").read_bytes()
+    except FileNotFoundError:
+        return 0
+    return sum(hi - lo + 1 for lo, hi in parse(raw).ranges)
+
+
+def test_acks_a_producer_made_before_its_sigkill_are_all_counted(short_tmp: Path) -> None:
+    """A producer SIGKILLed mid-run, while acks flow, sends no report as it exits: the
+    lines it acked at the spool (durably, in the ack record) since its last report must
+    still be counted, since no one reads them again."""
+    n = 1000
+    _spool(short_tmp, [{"seq": i} for i in range(n)])
+    config = make_config(short_tmp, handler=HANDLER, context={"batch_slow": 0.03},
+                         batchers={"default": {"batch_size": 5, "batch_timeout": 0.1,
+                                               "concurrency": 2}})
+    sock = short_tmp / "run" / "control.sock"
+    daemon = subprocess.Popen(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
+                              env=test_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        s = wait_until(lambda: (st := _status(sock)) and _node(st["tree"], "producer_0")
+                       .get("messages", {}).get("acked") and st,
+                       timeout=90, interval=0.05, message="the producer's first acks reported")
+        victim = _node(s["tree"], "producer_0")
+        reported = victim["messages"]["acked"]
+        # acks flowing at the source past what the producer last reported
+        wait_until(lambda: _ledger_acked(short_tmp) >= reported + 20, timeout=30,
+                   interval=0.005, message="acks at the spool past the last report")
+        assert _ledger_acked(short_tmp) < n - 100, "the run ended before the kill"
+        os.kill(victim["pid"], signal.SIGKILL)
+        out, err = daemon.communicate(timeout=180)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+    assert daemon.returncode == 0, err[-3000:]
+    assert "killed by SIGKILL" in err, err[-3000:]
+    assert not list((short_tmp / "spool").glob("*.jsonl")), "lines left unacked"
+    summary = [ln for ln in out.splitlines() if "messages acked" in ln]
+    assert summary == [f"e2e: {n} messages acked, 0 failed"], out + err[-3000:]
+
+
 @pytest.mark.spark
 def test_six_lines_into_spark_and_a_batch_processor_killed_in_the_drain(
         short_tmp: Path, spark_server) -> None:

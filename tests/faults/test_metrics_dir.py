@@ -39,7 +39,9 @@ def scrape(port: int) -> dict[tuple[str, str], float]:
     out: dict[tuple[str, str], float] = defaultdict(float)
     for line in body.decode().splitlines():
         m = re.match(r'^(offbroadway_[a-z_]+)\{([^}]*)\} (\S+)$', line)
-        if m is None or m[1].startswith(("offbroadway_child_", "offbroadway_rate_limit")):
+        # (the tree's and the daemon's own process series are not the stages' books)
+        if m is None or m[1].startswith(("offbroadway_child_", "offbroadway_rate_limit",
+                                         "offbroadway_daemon_")):
             continue
         stage = re.search(r'child="([^"]*)"', m[2])
         le = re.search(r'(?:^|,)le="([^"]*)"', m[2])
@@ -135,6 +137,26 @@ def test_dead_processes_are_folded_into_archives_and_the_sums_hold(tmp_path: Pat
     # the dead processes' gauges are gone, not summed forever
     assert not any(k[0].startswith(("offbroadway_demand", "offbroadway_buffered"))
                    and v for k, v in got.items()), got
+
+
+def test_what_a_dead_process_counted_after_its_last_flush_is_added(tmp_path: Path) -> None:
+    """A stage SIGKILLed between flushes: the daemon adds what its tally says it counted
+    after its last flush to the counters of that name in its files, once."""
+    from offbroadway.daemon.observe.metricsdir import CompactedCollector
+
+    path = tmp_path / "metrics"
+    path.mkdir(mode=0o700)
+    child = subprocess.run([sys.executable, "-m", "tests.faults.metrics_child", str(path), "1"],
+                           cwd=REPO, env=test_env(), input="next\n", capture_output=True,
+                           text=True, timeout=60)
+    assert child.returncode == 0, child.stderr
+    metrics.process_dead(int(child.stdout.split()[0]), str(path),
+                         {"offbroadway_messages_received_total": 5,
+                          "offbroadway_messages_acked_total": 7})
+    got = {(s.name, s.labels.get("child")): s.value
+           for family in CompactedCollector(str(path)).collect() for s in family.samples}
+    assert got[("offbroadway_messages_received_total", "processor_default_0")] == 1 + 5
+    assert not any(name == "offbroadway_messages_acked_total" for name, _ in got)
 
 
 def test_an_empty_file_of_a_dead_process_is_removed(tmp_path: Path) -> None:

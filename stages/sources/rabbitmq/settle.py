@@ -135,6 +135,10 @@ class Settlement:
         self.requeue_owed: set[int] = set()  # to requeue, the broker not told yet
         self._requeue_since = 0.0            # when the front last moved with some owed
         self.acked = self.rejected = self.failure_requeued = 0
+        #: acks the broker was sent (``acked`` counts them as settled, before they leave),
+        #: and where that count is kept for the daemon, if anywhere (a tally slot)
+        self.acks_sent = 0
+        self.sent_slot: Any = None
         #: failed deliveries (a message requeued after failing can fail again)
         self.failures = 0
         #: key -> failures in this run, of the messages that failed and went back to the
@@ -424,6 +428,7 @@ class Settlement:
                 for t in sorted(unsent):
                     channel.basic_ack(t)
                 self.ack_frames += len(unsent)
+                self._sent(len(unsent))
                 unsent.clear()
             elif left <= 0:
                 self._send_singles(channel)
@@ -464,7 +469,13 @@ class Settlement:
         for t in due:
             channel.basic_ack(t)
         self.ack_frames += len(due)
+        self._sent(len(due))
         unsent.difference_update(due)
+
+    def _sent(self, n: int) -> None:
+        self.acks_sent += n
+        if self.sent_slot is not None:
+            self.sent_slot[0] = self.acks_sent
 
     def _send_run(self, channel: Any, run: list[int], acks: bool) -> None:
         """One ``multiple`` frame up to the run's last tag: it settles the run, since
@@ -472,6 +483,7 @@ class Settlement:
         if acks:
             channel.basic_ack(run[-1], multiple=True)
             self.ack_frames += 1
+            self._sent(len(run))
             self.unsent.difference_update(run)   # after the frame: stats() reads both
         else:
             channel.basic_nack(run[-1], multiple=True, requeue=True)

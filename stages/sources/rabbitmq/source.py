@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ...runtime.redact import describe_error, mask_url
+from ...runtime.tally import JournaledNotes, NoteRing
 from .. import window_option
 from ..base import (
     FailedItem,
@@ -214,6 +215,16 @@ class RabbitMQSource(Source):
             why = losses.popleft()
         return why
 
+    def journal_notes(self, ring: NoteRing) -> None:
+        """Write every note to ``ring`` too, as it is made (before :meth:`open`): the
+        daemon reads the notes a SIGKILL kept from a report there."""
+        self._io.settle.notes = JournaledNotes(ring, maxlen=self._io.settle.notes.maxlen)
+
+    def count_acks(self, slot: Any) -> None:
+        """Keep the count of acks sent to the broker in ``slot`` (``slot[0]``), updated
+        by the I/O thread as each leaves (before :meth:`open`); ``acks_sent`` in stats."""
+        self._io.settle.sent_slot = slot
+
     def take_notes(self) -> list[list]:
         """The failure books' notes for the daemon (:mod:`.settle`), oldest first."""
         notes, out = self._io.settle.notes, []
@@ -288,7 +299,9 @@ class RabbitMQSource(Source):
             "rejected_final": settle.rejected_final,
             "requeued": settle.requeued,
             "buffered": len(self._mailbox) if self._mailbox is not None else 0,
-            "unacked": settle.unacked, "acks_pending": len(settle.unsent),
+            # acks settled here and not yet sent are owed to the broker still
+            "unacked": settle.unacked + len(settle.unsent), "acks_pending": len(settle.unsent),
+            "acks_sent": settle.acks_sent,
             "ack_frames": settle.ack_frames,
             "requeues_pending": len(settle.requeue_owed),
             "requeue_frames": settle.requeue_frames,
