@@ -13,6 +13,7 @@ import signal
 import subprocess
 import urllib.request
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -56,23 +57,33 @@ def metric(text: str, name: str) -> float:
     return sum(float(m) for m in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
 
 
-def test_summary_log_status_and_metrics_agree_with_the_broker(short_tmp: Path, rabbit) -> None:
+def _start(tmp: Path, rabbit, n: int, *, slow: float
+           ) -> tuple[str, Path, int, IO[str], subprocess.Popen]:
+    """A queue of ``n`` messages (``message_id`` m<i>; one in a hundred fails, the seq 42
+    of each hundred) and a daemon running on it, ``/metrics`` on a free port, its log in
+    ``tmp/daemon.log``: (queue, config, port, the log, the daemon)."""
     import pika
 
     queue = rabbit.queue()
     rabbit.ch.confirm_delivery()
-    for i in range(N):
+    for i in range(n):
         body = json.dumps({"seq": i, "fail": i % 100 == 42}).encode()
         rabbit.ch.basic_publish("", queue, body, pika.BasicProperties(message_id=f"m{i}"))
     port = free_port()
-    config = make_config(short_tmp, handler="tests.brokers.handlers:JsonBody", source="rabbitmq",
-                         context={"slow": 0.003},
+    config = make_config(tmp, handler="tests.brokers.handlers:JsonBody", source="rabbitmq",
+                         context={"slow": slow},
                          options={"url": AMQP_URL, "queue": queue, "prefetch_count": 50},
                          batchers={"default": {"batch_size": 20, "batch_timeout": 0.2}})
     config.write_text(config.read_text().replace('listen = ""', f'listen = "127.0.0.1:{port}"'))
-    log = open(short_tmp / "daemon.log", "w+")
+    log = open(tmp / "daemon.log", "w+")
     daemon = subprocess.Popen(offbroadway_cmd("run", str(config)), cwd=REPO, env=test_env(),
                               stdout=subprocess.PIPE, stderr=log, text=True)
+    return queue, config, port, log, daemon
+
+
+def test_summary_log_status_and_metrics_agree_with_the_broker(short_tmp: Path, rabbit) -> None:
+
+    queue, config, port, log, daemon = _start(short_tmp, rabbit, N, slow=0.003)
     try:
         wait_until(lambda: status(config).get("acked", 0) >= 80, timeout=60,
                    interval=0.05, message="80 acked")
@@ -134,24 +145,10 @@ def test_acks_a_producer_made_before_its_sigkill_are_counted_on_every_surface(
     """The producer SIGKILLed while acks flow: it sends no report as it dies, yet what it
     acked at the broker since its last report must be in the summary, ``status`` and
     ``/metrics`` (the broker never delivers those messages again)."""
-    import pika
 
     n = 3000
-    queue = rabbit.queue()
-    rabbit.ch.confirm_delivery()
-    for i in range(n):
-        body = json.dumps({"seq": i, "fail": i % 100 == 42}).encode()
-        rabbit.ch.basic_publish("", queue, body, pika.BasicProperties(message_id=f"m{i}"))
     failing = n // 100
-    port = free_port()
-    config = make_config(short_tmp, handler="tests.brokers.handlers:JsonBody", source="rabbitmq",
-                         context={"slow": 0.002},
-                         options={"url": AMQP_URL, "queue": queue, "prefetch_count": 50},
-                         batchers={"default": {"batch_size": 20, "batch_timeout": 0.2}})
-    config.write_text(config.read_text().replace('listen = ""', f'listen = "127.0.0.1:{port}"'))
-    log = open(short_tmp / "daemon.log", "w+")
-    daemon = subprocess.Popen(offbroadway_cmd("run", str(config)), cwd=REPO, env=test_env(),
-                              stdout=subprocess.PIPE, stderr=log, text=True)
+    queue, config, port, log, daemon = _start(short_tmp, rabbit, n, slow=0.002)
     try:
         wait_until(lambda: 300 <= status(config).get("acked", 0), timeout=60,
                    interval=0.05, message="300 acked")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,44 @@ from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
 from tests.e2e.handlers import read_records
 from tests.e2e.test_contract import HANDLER, _node, _spool, _status
 from tests.e2e.test_pipeline import make_config
+
+
+def _run_with_a_kill(tmp: Path, n: int, batch_slow: float, batch_size: int,
+                     kill: Callable[[Path], None]) -> tuple[str, str]:
+    """``n`` spool lines through batch processors that take ``batch_slow`` a batch,
+    ``run --until-idle``, and ``kill(control_socket)`` once it is running: stdout and
+    stderr, after the run checked to have exited 0 with the spool fully acked."""
+    _spool(tmp, [{"seq": i} for i in range(n)])
+    config = make_config(tmp, handler=HANDLER, context={"batch_slow": batch_slow},
+                         batchers={"default": {"batch_size": batch_size,
+                                               "batch_timeout": 0.1, "concurrency": 2}})
+    daemon = subprocess.Popen(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
+                              env=test_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        kill(tmp / "run" / "control.sock")
+        out, err = daemon.communicate(timeout=180)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+    assert daemon.returncode == 0, err[-3000:]
+    assert not list((tmp / "spool").glob("*.jsonl")), "lines left unacked"
+    return out, err
+
+
+def _summary_says(out: str, err: str, n: int) -> None:
+    summary = [ln for ln in out.splitlines() if "messages acked" in ln]
+    assert summary == [f"e2e: {n} messages acked, 0 failed"], out + err[-3000:]
+
+
+def _in_the_drain(sock: Path) -> dict:
+    """The drain's first status, with the batch processor to kill in it."""
+    s = wait_until(lambda: (st := _status(sock)) and st.get("draining") and st,
+                   timeout=90, interval=0.05, message="the drain to begin")
+    victim = _node(s["tree"], "batch_processor_default_0")
+    assert victim.get("pid"), victim
+    return victim
 
 
 @pytest.mark.parametrize("later", [False, pytest.param(True, marks=pytest.mark.slow),
@@ -26,37 +65,21 @@ def test_six_lines_and_a_batch_processor_killed_in_the_drain_say_six_acked(
     count reached the daemon only if the producer reported again before the run again
     restarted it: the race is run twice)."""
     n = 6
-    _spool(short_tmp, [{"seq": i} for i in range(n)])
-    config = make_config(short_tmp, handler=HANDLER, context={"batch_slow": 1.0},
-                         batchers={"default": {"batch_size": 2, "batch_timeout": 0.1,
-                                               "concurrency": 2}})
-    sock = short_tmp / "run" / "control.sock"
-    daemon = subprocess.Popen(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
-                              env=test_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)
-    try:
-        s = wait_until(lambda: (st := _status(sock)) and st.get("draining") and st,
-                       timeout=90, interval=0.05, message="the drain to begin")
-        victim = _node(s["tree"], "batch_processor_default_0")
-        assert victim.get("pid"), victim
+
+    def kill(sock: Path) -> None:
+        victim = _in_the_drain(sock)
         if later:
             # two batches written and acked just now (within the stages' report tick), the
             # third held: their count must survive the run again
             wait_until(lambda: len(read_records(str(short_tmp / "out"), "batch-")) >= 4,
                        timeout=30, interval=0.01, message="two batches written")
         os.kill(victim["pid"], signal.SIGKILL)
-        out, err = daemon.communicate(timeout=180)
-    finally:
-        if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait()
-    assert daemon.returncode == 0, err[-3000:]
+
+    out, err = _run_with_a_kill(short_tmp, n, 1.0, 2, kill)
     assert "running again until idle" in err, err[-3000:]
     written = {r["id"] for r in read_records(str(short_tmp / "out"), "batch-")}
     assert len(written) == n
-    assert not list((short_tmp / "spool").glob("*.jsonl")), "lines left unacked"
-    summary = [ln for ln in out.splitlines() if "messages acked" in ln]
-    assert summary == [f"e2e: {n} messages acked, 0 failed"], out + err[-3000:]
+    _summary_says(out, err, n)
 
 
 def test_acks_flowing_when_a_batch_processor_dies_in_the_drain_are_all_counted(
@@ -65,30 +88,11 @@ def test_acks_flowing_when_a_batch_processor_dies_in_the_drain_are_all_counted(
     for the run again well within their report tick, so whatever they acked since their
     last report is counted only through the report each stage sends as it exits."""
     n = 400
-    _spool(short_tmp, [{"seq": i} for i in range(n)])
-    config = make_config(short_tmp, handler=HANDLER, context={"batch_slow": 0.03},
-                         batchers={"default": {"batch_size": 5, "batch_timeout": 0.1,
-                                               "concurrency": 2}})
-    sock = short_tmp / "run" / "control.sock"
-    daemon = subprocess.Popen(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
-                              env=test_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)
-    try:
-        s = wait_until(lambda: (st := _status(sock)) and st.get("draining") and st,
-                       timeout=90, interval=0.05, message="the drain to begin")
-        victim = _node(s["tree"], "batch_processor_default_0")
-        assert victim.get("pid"), victim
-        os.kill(victim["pid"], signal.SIGKILL)
-        out, err = daemon.communicate(timeout=180)
-    finally:
-        if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait()
-    assert daemon.returncode == 0, err[-3000:]
+    out, err = _run_with_a_kill(short_tmp, n, 0.03, 5,
+                                lambda sock: os.kill(_in_the_drain(sock)["pid"],
+                                                     signal.SIGKILL))
     assert "running again until idle" in err, err[-3000:]
-    assert not list((short_tmp / "spool").glob("*.jsonl")), "lines left unacked"
-    summary = [ln for ln in out.splitlines() if "messages acked" in ln]
-    assert summary == [f"e2e: {n} messages acked, 0 failed"], out + err[-3000:]
+    _summary_says(out, err, n)
 
 
 def _ledger_acked(tmp: Path, name: str = "part-000.jsonl") -> int:
@@ -107,15 +111,8 @@ def test_acks_a_producer_made_before_its_sigkill_are_all_counted(short_tmp: Path
     lines it acked at the spool (durably, in the ack record) since its last report must
     still be counted, since no one reads them again."""
     n = 1000
-    _spool(short_tmp, [{"seq": i} for i in range(n)])
-    config = make_config(short_tmp, handler=HANDLER, context={"batch_slow": 0.03},
-                         batchers={"default": {"batch_size": 5, "batch_timeout": 0.1,
-                                               "concurrency": 2}})
-    sock = short_tmp / "run" / "control.sock"
-    daemon = subprocess.Popen(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
-                              env=test_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)
-    try:
+
+    def kill(sock: Path) -> None:
         s = wait_until(lambda: (st := _status(sock)) and _node(st["tree"], "producer_0")
                        .get("messages", {}).get("acked") and st,
                        timeout=90, interval=0.05, message="the producer's first acks reported")
@@ -126,16 +123,10 @@ def test_acks_a_producer_made_before_its_sigkill_are_all_counted(short_tmp: Path
                    interval=0.005, message="acks at the spool past the last report")
         assert _ledger_acked(short_tmp) < n - 100, "the run ended before the kill"
         os.kill(victim["pid"], signal.SIGKILL)
-        out, err = daemon.communicate(timeout=180)
-    finally:
-        if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait()
-    assert daemon.returncode == 0, err[-3000:]
+
+    out, err = _run_with_a_kill(short_tmp, n, 0.03, 5, kill)
     assert "killed by SIGKILL" in err, err[-3000:]
-    assert not list((short_tmp / "spool").glob("*.jsonl")), "lines left unacked"
-    summary = [ln for ln in out.splitlines() if "messages acked" in ln]
-    assert summary == [f"e2e: {n} messages acked, 0 failed"], out + err[-3000:]
+    _summary_says(out, err, n)
 
 
 @pytest.mark.spark
