@@ -76,10 +76,11 @@ def test_two_keys_times_two_batch_processors_give_one_row_per_message(short_tmp:
     n = 6000
     write_spool(short_tmp / "spool", n, files=3)
     out = short_tmp / "dataset"
-    # 1 ms per message (3 s over the two processors): the batches form while both batch
+    # 2 ms per message (6 s over the two processors): the batches form while both batch
     # processors of each key have subscribed; at full speed the first to subscribe could
-    # take every batch before the second asked (seen in CI: one file for "even")
-    config = make_config(short_tmp, context={"slow": 0.001}, batchers={
+    # take every batch before the second asked (seen in CI: one file for "even"; and with
+    # 1 ms a message, once, none for one of "odd"'s two under a loaded CI run)
+    config = make_config(short_tmp, context={"slow": 0.002}, batchers={
         "even": {"batch_size": 250, "batch_timeout": 0.5, "concurrency": 2},
         "odd": {"batch_size": 250, "batch_timeout": 0.5, "concurrency": 2}})
     config.write_text(config.read_text() + spark_section(
