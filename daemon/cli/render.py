@@ -126,6 +126,8 @@ def header_lines(status: dict) -> list[str]:
         line += f"  up {duration(status['uptime'])}"
     if "acked" in status:
         line += f"  acked {_num(status['acked'])}"
+        if status.get("acks_in_doubt"):
+            line += f" (+{_num(status['acks_in_doubt'])} in doubt)"
     if "failed" in status:
         line += f"  failed {_num(status['failed'])}"
         if status.get("failing"):

@@ -22,6 +22,14 @@ seconds (at most :data:`SETTLED_MAX` of them), so the late failure is known as s
 Each note that changes another producer's books becomes a :class:`~commands.Reconcile`
 for it: what it must drop, and what failed again elsewhere (still failing, counted there).
 
+Acks in doubt.  A producer killed while an ack frame was leaving (its tally says so:
+:class:`~offbroadway.stages.runtime.tally.SentAcks`) leaves the books a frame the broker got
+whole or not at all.  Not got, its messages come back redelivered, and their settlement (or
+failure) is noted like any redelivered message's: a note of a digest in doubt, later than
+the frame, takes that message out of doubt.  What is still in doubt when a run ends never
+came back, so the broker got it: :meth:`FailingLedger.land_doubts` hands it to the books
+as acked.  Until then ``status`` shows it apart (``acks_in_doubt``).
+
 Several daemons on one queue remain out of reach: RabbitMQ does not tell a consumer what
 the others settle.  Pure: the daemon hands the notes in and sends what comes out.
 """
@@ -56,6 +64,9 @@ class FailingLedger:
         self.noted = False
         #: producer -> the time of the last note its reports brought
         self._heard: dict[str, float] = {}
+        #: digest -> [when its ack frame began to leave, the producer, how many of the
+        #: frame's acks have it]: acks sent by a producer as it died, not in its counts
+        self.in_doubt: dict[int, list] = {}
 
     def count(self, owners: Iterable[str] | None = None) -> int:
         """Failed messages still in circulation (those last failed on ``owners``)."""
@@ -85,6 +96,9 @@ class FailingLedger:
             self._latest = max(self._latest, when)
             if when > self._heard.get(stage, 0.0):
                 self._heard[stage] = when
+            doubt = self.in_doubt.get(digest)
+            if doubt is not None and doubt[0] < when:
+                self._came_back(digest, doubt)
             last = failing.get(digest)
             if kind == NOTE_FAILED:
                 ended = settled.get(digest)
@@ -106,6 +120,37 @@ class FailingLedger:
         self._forget_old()
         return [Send(p, commands.Reconcile(settled=drop.get(p, []), moved=moved.get(p, [])))
                 for p in sorted(set(drop) | set(moved))]
+
+    def doubt(self, stage: str, when: float, digests: Iterable[int]) -> None:
+        """The ack frame ``stage`` was sending as it died (``when`` it began to leave):
+        in doubt, but for the messages heard of since (they came back)."""
+        settled, failing, in_doubt = self._settled, self.failing, self.in_doubt
+        for digest in digests:
+            back = max(settled.get(digest, 0.0), failing.get(digest, (0.0, ""))[0])
+            if back > when:
+                continue
+            entry = in_doubt.setdefault(digest, [when, stage, 0])
+            entry[2] += 1
+
+    def _came_back(self, digest: int, entry: list) -> None:
+        entry[2] -= 1
+        if entry[2] <= 0:
+            del self.in_doubt[digest]
+
+    def doubts(self, owners: Iterable[str] | None = None) -> int:
+        """Acks in doubt (those sent by ``owners``)."""
+        wanted = None if owners is None else set(owners)
+        return sum(n for _, stage, n in self.in_doubt.values()
+                   if wanted is None or stage in wanted)
+
+    def land_doubts(self) -> dict[str, int]:
+        """The run has ended: what is still in doubt never came back, so the broker got
+        it; producer -> its acks to add to its books."""
+        landed: dict[str, int] = defaultdict(int)
+        for _, stage, n in self.in_doubt.values():
+            landed[stage] += n
+        self.in_doubt.clear()
+        return dict(landed)
 
     def unheard(self, stage: str, notes: list[list]) -> list[list]:
         """Of the notes an exited producer kept (its notes file, oldest first), those its

@@ -125,9 +125,12 @@ class PipelineState:
             return Effects(sends=sends, progress=self.report_left(stage_id))
         if isinstance(report, commands.TakenBack):
             # the producer lives on, so no restart tells the committers: this does (the
-            # source logged the loss; each committer logs what it checks)
+            # source logged the loss; each committer logs what it checks).  In a drain,
+            # what the broker took back is in its queue again, where the drained sources
+            # leave it: the drain cannot end with every message acked
+            t.taken_back()
             return Effects(sends=sends + self.reactions.redelivery(
-                f"{stage_id}: {report.reason}"))
+                f"{stage_id}: {report.reason}"), progress=True)
         # notes can change the books the drain's summary waits on
         return Effects(sends=sends, progress=bool(sends))
 
@@ -140,6 +143,19 @@ class PipelineState:
             return Effects()
         return Effects(sends=self.ledger.take(stage_id, unheard, self.topology.producers),
                        progress=True)
+
+    def last_doubt(self, stage_id: str, when: float, digests: tuple[int, ...]) -> None:
+        """The ack frame an exited producer was sending as it died (its tally): in doubt
+        until its messages come back or the run ends (:mod:`.failing`)."""
+        self.ledger.doubt(stage_id, when, digests)
+
+    def land_doubts(self) -> dict[str, int]:
+        """The run's end: the acks still in doubt never came back, so the broker got
+        them: into each producer's books (producer -> how many)."""
+        landed = self.ledger.land_doubts()
+        for stage, n in landed.items():
+            self.board.totals.credit(stage, "acked", n)
+        return landed
 
     def supervision(self, event: object, record: Blame | None = None) -> Effects:
         """A supervision event: the reactions (:mod:`.reactions`) decide what to send, and
@@ -176,6 +192,8 @@ class PipelineState:
                 "tree": board.tree(snapshot, "draining" if draining else "running"),
                 "draining": draining, **shell,
                 "acked": board.sum(producers, "acked"),
+                # acks a killed producer was sending, until the broker says (:mod:`.failing`)
+                "acks_in_doubt": self.ledger.doubts(producers),
                 # messages, each once; the failed deliveries and requeues apart
                 "failed": books.failed,
                 "failed_deliveries": books.failures,

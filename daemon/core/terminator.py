@@ -24,7 +24,8 @@ Phases::
 
 ``REQUEUED``: a stage died during the drain and the crash's requeue handed messages back to
 the source (or the restart took producers along, whose sources took back what they had in
-flight: a Spark server's restart restarts them all), so the drain cannot end with
+flight: a Spark server's restart restarts them all), or a source lost its broker connection
+and the broker took back what it held (:meth:`taken_back`), so the drain cannot end with
 everything acked; under ``--until-idle`` the daemon runs the pipeline again (:meth:`reset`
 says which drained stages still run and must be restarted for that), otherwise it stops
 with those messages unacked at the source.  ``EXPIRED`` under ``--until-idle`` is an exit
@@ -156,6 +157,14 @@ class Terminator:
     def requeued(self) -> None:
         """A crash cascade handed messages back to the source: the drain cannot complete."""
         if self.phase in WAITING:
+            self.phase = Phase.REQUEUED
+
+    def taken_back(self) -> None:
+        """A source took back what it held (a lost broker connection): the broker has
+        those messages again.  In a drain, or after one whose books are not yet read
+        (``COMPLETE``: its last acks may be among what went back), the drain cannot end
+        with every message acked."""
+        if self.phase in WAITING or self.phase is Phase.COMPLETE:
             self.phase = Phase.REQUEUED
 
     def expire(self) -> list[str]:

@@ -64,6 +64,12 @@ class StageTotals:
             base["source." + key] = (base.get("source." + key, 0) + int(src.get(key) or 0)
                                      - int(src_before.get(key) or 0))
 
+    def credit(self, stage: str, key: str, n: int) -> None:
+        """Counts the stage made that none of its reports carried (acks a killed
+        producer's last frame settled, known at the run's end)."""
+        base = self._base.setdefault(stage, {})
+        base[key] = base.get(key, 0) + n
+
     def total(self, stage: str, key: str) -> int:
         last = self._last.get(stage, {})
         now = int(_source(last).get(key[7:]) or 0) if key.startswith("source.") \

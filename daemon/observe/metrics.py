@@ -26,7 +26,7 @@ import threading
 from typing import Any, Callable, Iterator
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from offbroadway.stages.runtime.metrics import MULTIPROC_ENV
+from offbroadway.stages.runtime.metrics import MULTIPROC_ENV, counter_for
 from offbroadway.supervision.tree import snapshot_nodes
 
 from ..spark.wiring import SPARK_CHILD_ID
@@ -266,3 +266,12 @@ def process_dead(pid: int, path: str, unpublished: dict[str, float] | None = Non
         metricsdir.sweep(path)
     except OSError as exc:
         log.warning("metrics: cannot compact %s after pid %d exited: %s", path, pid, exc)
+
+
+def landed(path: str, producer: str, acks: int) -> None:
+    """Acks a killed incarnation of ``producer`` sent as it died, which the daemon learnt
+    the broker got only when the drain completed: into its archived acked counter."""
+    name = counter_for("producer", "acked")
+    if name is not None and not metricsdir.credit(path, name[0], producer, acks):
+        log.warning("metrics: %s's %d acks that landed have no counter to go to", producer,
+                    acks)

@@ -138,6 +138,34 @@ def _add_into(archive: str, file: str, extra: Mapping[str, float]) -> None:
         target.close()
 
 
+def credit(path: str, sample: str, child: str, n: float) -> bool:
+    """Add ``n`` to the archived counter ``sample`` of the stage ``child``: counts a dead
+    process made that the daemon learnt of only later (the acks in doubt of a killed
+    producer that the broker got, known when the drain completes).  False if that counter
+    has no archived series (the process never counted it)."""
+    from prometheus_client.mmap_dict import MmapedDict
+
+    archive = archive_path(path, "counter")
+    with lock_for(path):
+        try:
+            values = list(MmapedDict.read_all_values_from_file(archive))
+        except (OSError, ValueError, struct.error, UnicodeDecodeError):
+            return False
+        for key, value, timestamp, _ in values:
+            try:
+                _, name, labels, _ = json.loads(key)
+            except ValueError:
+                continue
+            if name == sample and isinstance(labels, dict) and labels.get("child") == child:
+                target = MmapedDict(archive)
+                try:
+                    target.write_value(key, value + n, timestamp)
+                finally:
+                    target.close()
+                return True
+    return False
+
+
 def _sample_name(key: str) -> str:
     """The sample's name in a multiprocess file's key (JSON: metric name, sample name,
     label names, label values, help)."""

@@ -111,7 +111,7 @@ class Daemon:
         self.root = Supervisor(self.state.topology.root, on_event=self.on_event)
         self.tree = TreeHandle(self.root)
         self.drainer = Drainer(self.state, self.tree, self.notifier, self.send,
-                               self._stop.is_set, self.until_idle)
+                               self._stop.is_set, self.until_idle, self._landed_acks)
         #: carries out resizes (offbroadway scale, a reload's concurrency)
         self.resizer = Resizer(self.state, self.tree, self)
         #: the control socket's verbs (offbroadway status, stop, restart, drain...)
@@ -169,12 +169,24 @@ class Daemon:
                 self._effects(self.state.last_notes(event.child_id, notes))
             if words is not None:
                 self.state.board.last_words(event.child_id, event.pid, words.counts)
+                if words.doubt is not None:
+                    self.state.last_doubt(event.child_id, words.doubt.when,
+                                          words.doubt.digests)
+                    log.info("%s: killed while an ack frame of %d message(s) was leaving: "
+                             "whether the broker got it, their redelivery will say (acks "
+                             "in doubt until then)", event.child_id,
+                             len(words.doubt.digests))
             if self.metrics_server is not None:
                 metrics.process_dead(event.pid, self.metrics_dir,
                                      unpublished_metrics(event.child_id, words, own_books))
             if event.child_id in self.state.reactions.blamed:
                 record = read_blame(self.config.runtime.dir, event)
         self._effects(self.state.supervision(event, record))
+
+    def _landed_acks(self, producer: str, acks: int) -> None:
+        """A killed producer's acks in doubt that landed: its dead incarnations' counter."""
+        if self.metrics_server is not None:
+            metrics.landed(self.metrics_dir, producer, acks)
 
     def _effects(self, effects: Effects) -> None:
         if effects.idle and self.until_idle:

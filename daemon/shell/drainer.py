@@ -38,8 +38,11 @@ class Drainer:
 
     def __init__(self, state: PipelineState, tree: TreeHandle, notifier: Notifier,
                  send: Callable[[list[Send]], None], stopping: Callable[[], bool],
-                 until_idle: bool) -> None:
+                 until_idle: bool,
+                 landed: Callable[[str, int], None] = lambda _p, _n: None) -> None:
         self.state = state
+        #: told the acks in doubt of a producer that landed (its dead incarnations' metrics)
+        self.landed = landed
         self.tree = tree
         self.notifier = notifier
         self.send = send
@@ -91,18 +94,30 @@ class Drainer:
                    f"shutdown_timeout {timeout:g}s passed")
             for line in t.expire():
                 log.warning("drain: %s after %.1fs: %s", why, time.monotonic() - began, line)
-        if t.phase is Phase.REQUEUED and self.until_idle and not self.stopping():
-            return   # not complete: run again (see run_again)
-        log.info("drain complete" if t.phase is Phase.COMPLETE else
-                 "drain cut short by a third Ctrl-C" if self.abort else
-                 "drain ended at shutdown_timeout")
         if t.phase is Phase.COMPLETE:
             # the summary and the exit code read the books.  A source that settles through
             # an I/O thread of its own (RabbitMQ, NATS) can still count its last acks as
             # owed in the report that said "settled": its next report, within a tick, has
-            # them applied; a stop's summary waits for them as --until-idle's does
-            await self.wait_for(lambda: not self.state.outcome().unacked,
+            # them applied; a stop's summary waits for them as --until-idle's does (a
+            # source that loses its connection meanwhile makes the drain requeued)
+            await self.wait_for(lambda: not self.state.outcome().unacked
+                                or t.phase is not Phase.COMPLETE,
                                 time.monotonic() + SETTLE_GRACE)
+        if t.phase is Phase.REQUEUED and self.until_idle and not self.stopping():
+            return   # not complete: run again (see run_again)
+        log.info("drain complete" if t.phase is Phase.COMPLETE else
+                 "drain cut short by a third Ctrl-C" if self.abort else
+                 "drain ended with messages back at the source (a crash or a lost broker "
+                 "connection during it): they are delivered again next run"
+                 if t.phase is Phase.REQUEUED else
+                 "drain ended at shutdown_timeout")
+        if t.phase is Phase.COMPLETE:
+            # every message of the run settled: acks in doubt whose messages never came
+            # back were applied by the broker (daemon/core/failing.py)
+            for p, n in self.state.land_doubts().items():
+                log.info("%s: the %d ack(s) in doubt never came back: the broker got them",
+                         p, n)
+                self.landed(p, n)
         board = self.state.board
         for p in self.state.topology.producers:
             # each source's books as the summary adds them up (over its producer's
@@ -122,9 +137,10 @@ class Drainer:
         stage that died during the drain had its messages requeued at the source, where the
         drained producers would leave them: the pipeline (producers and all after them; a
         Spark server stays) is restarted out of the drain and runs until idle again."""
-        log.warning("pipeline %s: a stage died during the drain and its messages went back "
-                    "to the source; running again until idle, so that every message is "
-                    "written and acked before exiting", self.state.config.pipeline.name)
+        log.warning("pipeline %s: messages went back to the source during the drain (a "
+                    "stage died, or a source lost its broker connection); running again "
+                    "until idle, so that every message is written and acked before "
+                    "exiting", self.state.config.pipeline.name)
         if self.state.terminator.reset():
             # stages still in drain mode would leave the requeued messages at the source:
             # restart the sources' supervisor, and so (rest_for_one) all after them

@@ -143,11 +143,12 @@ class ProducerStage(Stage):
             self._books_revision = self.poison.revision
         # the count of acks, kept where a SIGKILL cannot take it (:mod:`.tally`): by the
         # source as its acks leave, on its own thread, or here as they are applied
-        self._acked_slot = self.tally.acked_slot()
         count_acks = getattr(self.source, "count_acks", None)
         if count_acks is not None:
-            count_acks(self._acked_slot)
+            count_acks(self.tally.sent_acks())
             self._acks_at_source = True
+        else:
+            self._acked_slot = self.tally.acked_slot()
         journal = getattr(self.source, "journal_notes", None)
         if journal is not None:
             # its failure-book notes outlive a SIGKILL (:class:`.tally.NoteRing`)

@@ -13,25 +13,28 @@ incarnation's last report.
 
 Layout (little-endian), one file per stage id in the private runtime dir, mode 0600::
 
-    magic "OBT1", state u8, flags u8, pad 2, pid u32,
-    counts   one i64 per key of :data:`KEYS` (as of the stage's last write)
-    flushed  one i64 per key of :data:`KEYS` (as its metrics last published them)
+    magic "OBT2", flags u8, counts' copy u8, flushed's copy u8, pad 1, pid u32,
+    counts   two copies of one i64 per key of :data:`KEYS` (as of the stage's last write)
+    flushed  two copies, the same (as its metrics last published them)
     acked    i64: a producer's acks, kept by one 8-byte store as they are applied (flag
              :data:`ACKED_SLOT`): it stands for ``counts["acked"]``
+    doubt    when f64, base i64, n i64, then up to :data:`DOUBT_MAX` digests i64: the
+             ack frame a source was sending (:class:`SentAcks`)
 
 The ``acked`` slot is what a producer updates on its hot path (one store per settlement,
 not the whole record).  A source whose acks leave on its own I/O thread, in their own time
 (RabbitMQ sends the acks behind a still unsettled delivery after a while), keeps it
-itself, once the broker was sent the ack (:meth:`Tally.acked_slot`): an ack counted when
-the producer handed it over, and lost with the process before it left, would be counted
-again when the broker delivers the message again.
+itself, once the broker was sent the ack (:class:`SentAcks`): an ack counted when the
+producer handed it over, and lost with the process before it left, would be counted again
+when the broker delivers the message again.
 
 The daemon adds ``counts - flushed`` to the dead process's ``/metrics`` counters, and takes
 ``counts`` as its last report.
 
-``state`` is set to ``WRITING`` before the counts are written and to ``READY`` after: a
-process killed in the middle of a write leaves ``WRITING``, which reads as "nothing to
-add" (the last report stands), never as counts torn between two writes.
+A record (counts, flushed) is written into the copy not in use, and then the copy byte
+names it (one store): a process killed in the middle of a write leaves the copy byte on
+the previous write, read whole, never counts torn between two writes.  0 names no copy:
+nothing written yet.
 """
 
 from __future__ import annotations
@@ -39,24 +42,36 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import time
+from array import array
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-MAGIC = b"OBT1"
+MAGIC = b"OBT2"
 #: the counts kept (those the daemon's books total over a stage's incarnations)
 KEYS = ("in", "out", "failed", "acked", "requeued", "batches", "already_written")
-HEADER = struct.Struct("<4sBB2xI")
-STATE_AT = 4
-FLAGS_AT = 5
+HEADER = struct.Struct("<4sBBBxI")
+FLAGS_AT = 4
+#: the byte naming the copy in use (1 or 2; 0: never written) of counts, and of flushed
+COPY_OF = {"counts": 5, "flushed": 6}
 #: flag: the ``acked`` slot is the stage's count of acks
 ACKED_SLOT = 1
 VALUES = struct.Struct("<" + "q" * len(KEYS))
 COUNTS_AT = HEADER.size
-FLUSHED_AT = COUNTS_AT + VALUES.size
-ACKED_AT = FLUSHED_AT + VALUES.size
-SIZE = ACKED_AT + 8
-WRITING, READY = 1, 2
+FLUSHED_AT = COUNTS_AT + 2 * VALUES.size
+ACKED_AT = FLUSHED_AT + 2 * VALUES.size
+#: the ack frame on its way: when it began to leave, the count of acks sent before it, how
+#: many it acks, and their digests
+DOUBT = struct.Struct("<dqq")
+DOUBT_AT = ACKED_AT + 8
+DIGESTS_AT = DOUBT_AT + DOUBT.size
+#: the most acks one frame described here may carry (AMQP's largest prefetch window: a
+#: source splits a longer run of acks into frames of this many)
+DOUBT_MAX = 65535
+SIZE = DIGESTS_AT + 8 * DOUBT_MAX
+#: the part read whole (the digests are read as many as the doubt says)
+FIXED = DIGESTS_AT
 
 
 def path(runtime_dir: str, stage_id: str) -> str:
@@ -72,11 +87,11 @@ class Tally:
         try:
             os.fchmod(fd, 0o600)
             os.ftruncate(fd, 0)          # a previous incarnation's counts are not ours
-            os.ftruncate(fd, SIZE)
+            os.ftruncate(fd, SIZE)       # sparse: the digests' pages are used as needed
             self._mm = mmap.mmap(fd, SIZE)
         finally:
             os.close(fd)
-        HEADER.pack_into(self._mm, 0, MAGIC, WRITING, 0, pid)
+        HEADER.pack_into(self._mm, 0, MAGIC, 0, 0, 0, pid)
 
     def acked_slot(self) -> memoryview:
         """The slot where the stage's count of acks is kept from now on (``slot[0] = n``,
@@ -84,19 +99,67 @@ class Tally:
         self._mm[FLAGS_AT] = ACKED_SLOT
         return memoryview(self._mm)[ACKED_AT:ACKED_AT + 8].cast("q")
 
+    def sent_acks(self) -> SentAcks:
+        """The count of acks for a source that keeps it as its frames leave."""
+        return SentAcks(self.acked_slot(),
+                        memoryview(self._mm)[DOUBT_AT:SIZE])
+
     def write(self, counters: Mapping[str, int]) -> None:
         """The counts as they are now."""
-        self._put(COUNTS_AT, counters)
+        self._put("counts", COUNTS_AT, counters)
 
     def flushed(self, counters: Mapping[str, int]) -> None:
         """The counts the stage's metrics have just published."""
-        self._put(FLUSHED_AT, counters)
+        self._put("flushed", FLUSHED_AT, counters)
 
-    def _put(self, at: int, counters: Mapping[str, int]) -> None:
-        mm = self._mm
-        mm[STATE_AT] = WRITING
-        VALUES.pack_into(mm, at, *[int(counters.get(k, 0)) for k in KEYS])
-        mm[STATE_AT] = READY
+    def _put(self, record: str, at: int, counters: Mapping[str, int]) -> None:
+        mm, copy_at = self._mm, COPY_OF[record]
+        copy = 2 if mm[copy_at] == 1 else 1        # the one not in use
+        VALUES.pack_into(mm, at + (copy - 1) * VALUES.size,
+                         *[int(counters.get(k, 0)) for k in KEYS])
+        mm[copy_at] = copy
+
+
+class SentAcks:
+    """A source's count of the acks it sent, and the ack frame on its way.
+
+    The count goes up once a frame has left (its write returned): counted before, a frame
+    lost with the process would be counted, and its messages, delivered again, counted a
+    second time.  But between the write and the count the process can die: a SIGKILL
+    lands there as anywhere, and the window is wider than it looks, since the I/O thread
+    waits for the GIL after each write (up to the switch interval on a busy producer, more
+    on a loaded machine).  The frame's acks, applied by the broker, would be missing from
+    the books for good.  So before the write the frame is described here (:meth:`leaving`):
+    its messages' digests, when, and the count it starts from.  Read after a death
+    (:func:`parse`): if the count still says that, the frame was on its way, and whether
+    it arrived only the broker knows.  The messages of a frame that did not arrive come
+    back, redelivered, and their settlement is noted with the same digests
+    (daemon/core/failing.py); those that never come back were acked.
+
+    Order of the stores, each one 8-byte store: digests, when and how many, then the base;
+    then, once the frame left, the count.  A frame is live only while the base equals the
+    count, so a death between any two stores reads either as no frame or as this one.
+    """
+
+    def __init__(self, count: memoryview, doubt: memoryview) -> None:
+        self.count = count
+        self._doubt = doubt
+        self._when = doubt[0:8].cast("d")
+        self._ints = doubt[8:DOUBT.size].cast("q")
+        self._digests = doubt[DOUBT.size:].cast("q")
+
+    def leaving(self, digests: list[int], sent: int) -> None:
+        """A frame of ``len(digests)`` acks (at most :data:`DOUBT_MAX`) is about to be
+        written; ``sent``: the acks counted so far."""
+        n = len(digests)
+        self._digests[:n] = array("q", digests)
+        self._when[0] = time.monotonic()
+        self._ints[1] = n
+        self._ints[0] = sent
+
+    def left(self, sent: int) -> None:
+        """The frame was written: ``sent`` acks in all now."""
+        self.count[0] = sent
 
 
 class _NoTally(Tally):
@@ -105,22 +168,36 @@ class _NoTally(Tally):
     def __init__(self) -> None:
         pass
 
-    def _put(self, at: int, counters: Mapping[str, int]) -> None:
+    def _put(self, record: str, at: int, counters: Mapping[str, int]) -> None:
         pass
 
     def acked_slot(self) -> memoryview:
         return memoryview(bytearray(8)).cast("q")
+
+    def sent_acks(self) -> SentAcks:
+        return SentAcks(self.acked_slot(), memoryview(bytearray(SIZE - DOUBT_AT)))
 
 
 NO_TALLY: Tally = _NoTally()
 
 
 @dataclass(frozen=True)
+class Doubt:
+    """An ack frame a source was sending as it died: when it began to leave
+    (``time.monotonic()``) and its messages' digests.  The broker got all of it or none."""
+
+    when: float
+    digests: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class LastWords:
-    """What a tally file says: the counts, and those the metrics last published."""
+    """What a tally file says: the counts, those the metrics last published, and the ack
+    frame that may or may not have reached the broker (not in ``counts``)."""
 
     counts: dict[str, int]
     flushed: dict[str, int]
+    doubt: Doubt | None = None
 
     def unpublished(self) -> dict[str, int]:
         """The counts the stage's metrics never published (its last flush was before)."""
@@ -128,33 +205,52 @@ class LastWords:
                 if v > self.flushed[k]}
 
 
-def parse(raw: bytes, pid: int) -> LastWords | None:
-    """A tally file's bytes, if they are whole and ``pid``'s."""
-    if len(raw) < SIZE:
+def _record(raw: bytes, record: str, at: int) -> dict[str, int] | None:
+    copy = raw[COPY_OF[record]]
+    if copy not in (1, 2):
         return None
-    magic, state, flags, owner = HEADER.unpack_from(raw)
-    if magic != MAGIC or state != READY or owner != pid:
+    return dict(zip(KEYS, VALUES.unpack_from(raw, at + (copy - 1) * VALUES.size)))
+
+
+def parse(raw: bytes, pid: int, digests: Callable[[int], bytes] | None = None
+          ) -> LastWords | None:
+    """A tally file's fixed part, if it is ``pid``'s and was written; ``digests(n)``
+    reads the first ``n`` digests of a frame in doubt."""
+    if len(raw) < FIXED:
         return None
-    counts = dict(zip(KEYS, VALUES.unpack_from(raw, COUNTS_AT)))
+    magic, flags, _, _, owner = HEADER.unpack_from(raw)
+    if magic != MAGIC or owner != pid:
+        return None
+    counts = _record(raw, "counts", COUNTS_AT)
+    if counts is None:
+        return None
+    flushed = _record(raw, "flushed", FLUSHED_AT) or dict.fromkeys(KEYS, 0)
+    doubt = None
     if flags & ACKED_SLOT:
-        counts["acked"] = struct.unpack_from("<q", raw, ACKED_AT)[0]
-    return LastWords(counts, dict(zip(KEYS, VALUES.unpack_from(raw, FLUSHED_AT))))
+        acked = struct.unpack_from("<q", raw, ACKED_AT)[0]
+        counts["acked"] = acked
+        when, base, n = DOUBT.unpack_from(raw, DOUBT_AT)
+        if base == acked and 0 < n <= DOUBT_MAX and digests is not None:
+            got = digests(n)
+            if len(got) == 8 * n:
+                doubt = Doubt(when, struct.unpack(f"<{n}q", got))
+    return LastWords(counts, flushed, doubt)
 
 
 def take(file_path: str, pid: int) -> LastWords | None:
     """Read and remove the tally of a stage whose process ``pid`` has exited (the daemon,
-    before the stage restarts), or None (no file, another process's, torn)."""
+    before the stage restarts), or None (no file, another process's, never written)."""
     try:
         fd = os.open(file_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        raw = os.read(fd, SIZE)
+        raw = os.read(fd, FIXED)
+        words = parse(raw, pid, lambda n: os.pread(fd, 8 * n, DIGESTS_AT))
     except OSError:
         return None
     finally:
         os.close(fd)
-    words = parse(raw, pid)
     if words is not None:
         try:
             os.unlink(file_path)

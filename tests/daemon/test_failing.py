@@ -68,3 +68,37 @@ def test_notes_that_do_not_check_are_skipped() -> None:
     books.take("producer_0", [["x"], [NOTE_FAILED, "7", 1.0], [NOTE_FAILED, 9, "soon"],
                               [NOTE_FAILED, 7, 1.0]], P)
     assert books.count() == 1
+
+
+def test_acks_in_doubt_that_come_back_leave_the_doubt_and_the_rest_land() -> None:
+    """A producer killed while an ack frame of four messages (7, 8, 9 and 9: two equal
+    bodies) was leaving: 8 and one 9 come back (noted after the frame: the broker never
+    got it... for those); a note of 7 from before the frame (its own settlement, in the
+    notes file the daemon read first) is no return.  At the run's end the rest landed."""
+    books = FailingLedger()
+    books.take("producer_0", [[NOTE_SETTLED, 7, 4.0]], P)     # before the frame
+    books.doubt("producer_0", 5.0, [7, 8, 9, 9])
+    assert books.doubts() == 4 and books.doubts(["producer_1"]) == 0
+    books.take("producer_1", [[NOTE_SETTLED, 8, 6.0], [NOTE_FAILED, 9, 6.5]], P)
+    assert books.doubts(["producer_0"]) == 2
+    assert books.land_doubts() == {"producer_0": 2}
+    assert books.doubts() == 0 and books.land_doubts() == {}
+
+
+def test_a_return_heard_before_the_doubt_is_no_doubt() -> None:
+    """producer_1 settled a message of the frame (it came back) and reported before the
+    daemon read the dead producer's tally."""
+    books = FailingLedger()
+    books.take("producer_1", [[NOTE_SETTLED, 8, 6.0]], P)
+    books.doubt("producer_0", 5.0, [7, 8])
+    assert books.land_doubts() == {"producer_0": 1}
+
+
+def test_landed_acks_are_credited_to_the_producer_s_totals() -> None:
+    from offbroadway.daemon.core.totals import StageTotals
+
+    totals = StageTotals()
+    totals.report("producer_0", {"pid": 1, "acked": 10})
+    totals.report("producer_0", {"pid": 2, "acked": 3})
+    totals.credit("producer_0", "acked", 4)
+    assert totals.total("producer_0", "acked") == 17

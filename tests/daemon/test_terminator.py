@@ -253,3 +253,26 @@ def test_a_run_again_waits_for_the_reports_of_its_own_drain() -> None:
     for p in t.producers:
         term.report_settled(p)
     assert term.phase is Phase.COMPLETE
+
+
+def test_a_source_that_took_back_its_messages_in_a_drain_makes_it_requeued() -> None:
+    """A lost broker connection while draining, or after the drain completed while its
+    last acks were still on their way: the broker has those messages again, so the drain
+    cannot end with every message acked (``--until-idle`` runs again).  Not draining, it
+    changes nothing here."""
+    t = _topology(batchers=1)
+    term = Terminator(t)
+    term.taken_back()
+    assert term.phase is Phase.RUNNING
+    term.begin()
+    term.taken_back()
+    assert term.phase is Phase.REQUEUED and term.ended
+    term.reset()
+    term.begin()
+    for s in t.last:
+        term.report_done(s)
+    for p in t.producers:
+        term.report_settled(p)
+    assert term.phase is Phase.COMPLETE
+    term.taken_back()
+    assert term.phase is Phase.REQUEUED

@@ -159,6 +159,27 @@ def test_what_a_dead_process_counted_after_its_last_flush_is_added(tmp_path: Pat
     assert not any(name == "offbroadway_messages_acked_total" for name, _ in got)
 
 
+def test_counts_learnt_after_a_death_are_credited_to_the_archived_series(
+        tmp_path: Path) -> None:
+    """Acks in doubt that landed are known only when the drain completes, long after the
+    producer's files were folded: they go into its archived series, and only its."""
+    from offbroadway.daemon.observe.metricsdir import CompactedCollector, credit
+
+    path = tmp_path / "metrics"
+    path.mkdir(mode=0o700)
+    child = subprocess.run([sys.executable, "-m", "tests.faults.metrics_child", str(path), "1"],
+                           cwd=REPO, env=test_env(), input="next\n", capture_output=True,
+                           text=True, timeout=60)
+    assert child.returncode == 0, child.stderr
+    metrics.process_dead(int(child.stdout.split()[0]), str(path))
+    assert credit(str(path), "offbroadway_messages_received_total", "processor_default_0", 4)
+    assert not credit(str(path), "offbroadway_messages_received_total", "processor_default_1",
+                      4)
+    got = {(s.name, s.labels.get("child")): s.value
+           for family in CompactedCollector(str(path)).collect() for s in family.samples}
+    assert got[("offbroadway_messages_received_total", "processor_default_0")] == 1 + 4
+
+
 def test_an_empty_file_of_a_dead_process_is_removed(tmp_path: Path) -> None:
     """A process killed while prometheus-client created its file can leave it empty; its
     compaction adds nothing and removes it (no error, no archive made for nothing)."""

@@ -47,7 +47,7 @@ def test_runs_at_the_front_become_one_frame_each() -> None:
     assert channel.frames == [("requeue", 9, False)]
     settle.send_acks(now=1.0)
     assert channel.frames[1:] == [("ack", 2, True), ("nack", 5, True), ("ack", 8, True)]
-    assert (settle.requeue_owed, settle.unsent, settle.open_tags) == (set(), set(), {10})
+    assert (settle.requeue_owed, settle.unsent, settle.open_tags) == (set(), {}, {10})
     assert (settle.requeued, settle.requeue_frames, settle.ack_frames) == (3, 1, 2)
 
 

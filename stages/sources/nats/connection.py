@@ -44,6 +44,7 @@ from nats.errors import NotJSMessageError
 from nats.js import api
 
 from ...runtime.redact import mask_url
+from ...runtime.tally import SentAcks
 from ..base import Item
 from ..io_ops import Ack, Fail, IoOp, Pause, Requeue, Resume
 from ..mailbox import Mailbox
@@ -107,6 +108,12 @@ class JetStreamPuller:
         self.requeued = self.terminated = self.dead_lettered = self.dead_letter_errors = 0
         self.returned = self.stale = self.reconnects = self.progress_sent = 0
         self.oversized = self.pull_errors = 0
+        #: acks published and not yet confirmed by a flush; ``acked`` counts them once the
+        #: server answered the flush that follows them (it has read them), and the tally
+        #: keeps that count (``sent_book``): an ack counted when published, lost with the
+        #: process in the client's buffer, would be counted again at its redelivery
+        self.acks_unconfirmed = 0
+        self.sent_book: SentAcks | None = None
 
     # -- producer thread -----------------------------------------------------------------------
     def start(self) -> None:
@@ -328,11 +335,29 @@ class JetStreamPuller:
                 commands.appendleft(_rest(op, unsent.rest))   # the rest, first, once we can
                 await asyncio.sleep(_SEND_RETRY)
                 return
+        if self.acks_unconfirmed:
+            await self._confirm_acks()
+
+    async def _confirm_acks(self) -> None:
+        """Count the acks published so far once the server has read them (a flush's
+        answer comes after them on the connection).  Not answered: they stay unconfirmed
+        (unacked in the books) for the next flush."""
+        n = self.acks_unconfirmed
+        try:
+            await self._nc.flush(timeout=self.s.connect_timeout)
+        except Exception as exc:
+            self.last_error = _describe(exc)
+            return
+        self.acks_unconfirmed -= n
+        self.acked += n
+        if self.sent_book is not None:
+            self.sent_book.left(self.acked)
 
     async def _run_one(self, op: IoOp) -> None:
         match op:
             case Ack(handles):
-                await self._settle_each(handles, lambda h: _ACK, "acked", forget=self.failing)
+                await self._settle_each(handles, lambda h: _ACK, "acks_unconfirmed",
+                                        forget=self.failing)
             case Requeue(handles):
                 await self._settle_each(handles, lambda h: _NAK, "requeued")
             case Fail(failures):

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ...runtime.redact import mask_url
+from ...runtime.tally import SentAcks
 from .. import window_option
 from ..base import Failure, Item, Source, SourceError, not_contacted
 from ..decode import body_decoder, decode_bodies
@@ -48,6 +49,7 @@ class NatsSource(Source):
         self._decode = body_decoder(self.settings.decode)
         self._mailbox: Mailbox | None = None
         self._io: JetStreamPuller | None = None
+        self._sent_book: SentAcks | None = None
 
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> None:
@@ -87,6 +89,7 @@ class NatsSource(Source):
         name = f"{self.pipeline} producer_{self.producer_index} {socket.gethostname()}." \
                f"{os.getpid()}"
         self._io = JetStreamPuller(s, self._mailbox, client_name=name)
+        self._io.sent_book = self._sent_book
         self._io.start()
         self._io.first_attempt.wait(s.connect_timeout + 5.0)
         if self._io.fatal is not None:
@@ -129,6 +132,11 @@ class NatsSource(Source):
         if self._decode is not None and out:
             self.undecodable += decode_bodies(out, self._decode)
         return out
+
+    def count_acks(self, book: SentAcks) -> None:
+        """Keep the count of acks the server has read in ``book``, by the I/O thread
+        (before :meth:`open`); ``acks_sent`` in stats."""
+        self._sent_book = book
 
     def ack(self, handles: list[Any]) -> None:
         if handles and self._io is not None:
@@ -189,7 +197,9 @@ class NatsSource(Source):
             out.update(state="closed", unacked=0)
             return out
         out.update(
-            state=io.state, last_error=io.last_error, unacked=len(io.owed),
+            state=io.state, last_error=io.last_error,
+            # acks published and not yet confirmed are owed still
+            unacked=len(io.owed) + io.acks_unconfirmed, acks_sent=io.acked,
             deliveries=io.deliveries, redelivered=io.redelivered, acked=io.acked,
             # messages, not deliveries: those failed for good (terminated, after a dead
             # letter if one is set) and those nak'ed after failing (``failing``);

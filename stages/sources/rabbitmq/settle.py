@@ -87,6 +87,7 @@ from collections import deque
 from typing import Any, Iterable
 
 from ...poison.guard import POISON_REASON
+from ...runtime.tally import DOUBT_MAX, SentAcks
 from ...wire.commands import NOTE_FAILED, NOTE_SETTLED
 from ..base import Failure
 from .delivery import RabbitMQHandle
@@ -130,15 +131,18 @@ class Settlement:
         self.incarnation = 0
         self.open_tags: set[int] = set()     # delivered on this incarnation, unsettled
         self._order: deque[int] = deque()    # delivery order, settled ones lazily removed
-        self.unsent: set[int] = set()        # settled ok, the broker not told yet
+        #: settled ok, the broker not told yet: tag -> the message's key (its digest goes
+        #: with the frame that acks it: :class:`~offbroadway.stages.runtime.tally.SentAcks`)
+        self.unsent: dict[int, Any] = {}
         self._unsent_since = 0.0             # when the oldest of those was settled
         self.requeue_owed: set[int] = set()  # to requeue, the broker not told yet
         self._requeue_since = 0.0            # when the front last moved with some owed
         self.acked = self.rejected = self.failure_requeued = 0
         #: acks the broker was sent (``acked`` counts them as settled, before they leave),
-        #: and where that count is kept for the daemon, if anywhere (a tally slot)
+        #: and where that count is kept for the daemon, with the frame on its way, if
+        #: anywhere (the producer's tally)
         self.acks_sent = 0
-        self.sent_slot: Any = None
+        self.sent_book: SentAcks | None = None
         #: failed deliveries (a message requeued after failing can fail again)
         self.failures = 0
         #: key -> failures in this run, of the messages that failed and went back to the
@@ -233,7 +237,7 @@ class Settlement:
                 self.stale += 1
                 continue
             open_tags.discard(tag)
-            unsent.add(tag)
+            unsent[tag] = h.key
             if failing and h.key in failing:
                 self._forget(h.key)          # it failed before, and now it went through
         if len(unsent) > before:
@@ -426,9 +430,7 @@ class Settlement:
             left = self._unsent_since + ACK_DELAY - now
             if force:
                 for t in sorted(unsent):
-                    channel.basic_ack(t)
-                self.ack_frames += len(unsent)
-                self._sent(len(unsent))
+                    self._ack_frame(channel, t, [t])
                 unsent.clear()
             elif left <= 0:
                 self._send_singles(channel)
@@ -467,24 +469,36 @@ class Settlement:
         # sent after the walk: pika's flush of each frame reads the socket too, and a
         # delivery it dispatches meanwhile appends to the order being walked
         for t in due:
-            channel.basic_ack(t)
-        self.ack_frames += len(due)
-        self._sent(len(due))
-        unsent.difference_update(due)
+            self._ack_frame(channel, t, [t])
+        for t in due:
+            del unsent[t]
 
-    def _sent(self, n: int) -> None:
-        self.acks_sent += n
-        if self.sent_slot is not None:
-            self.sent_slot[0] = self.acks_sent
+    def _ack_frame(self, channel: Any, tag: int, tags: list[int],
+                   multiple: bool = False) -> None:
+        """One ``basic.ack`` frame settling ``tags`` (up to ``tag``, or ``tag`` alone),
+        counted once it has left; described before it leaves, so that a death between
+        the two leaves it in doubt, not lost from the books (:class:`SentAcks`)."""
+        book = self.sent_book
+        if book is not None:
+            unsent = self.unsent
+            book.leaving([hash(unsent[t]) for t in tags], self.acks_sent)
+        channel.basic_ack(tag, multiple=multiple)
+        self.ack_frames += 1
+        self.acks_sent += len(tags)
+        if book is not None:
+            book.left(self.acks_sent)
 
     def _send_run(self, channel: Any, run: list[int], acks: bool) -> None:
         """One ``multiple`` frame up to the run's last tag: it settles the run, since
-        every tag before it was told already."""
+        every tag before it was told already (a run longer than a frame may describe goes
+        as several, in order)."""
         if acks:
-            channel.basic_ack(run[-1], multiple=True)
-            self.ack_frames += 1
-            self._sent(len(run))
-            self.unsent.difference_update(run)   # after the frame: stats() reads both
+            unsent = self.unsent
+            for at in range(0, len(run), DOUBT_MAX):
+                frame = run[at:at + DOUBT_MAX]
+                self._ack_frame(channel, frame[-1], frame, multiple=True)
+                for t in frame:       # after the frame: stats() reads both
+                    del unsent[t]
         else:
             channel.basic_nack(run[-1], multiple=True, requeue=True)
             self.requeue_frames += 1

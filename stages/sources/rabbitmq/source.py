@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ...runtime.redact import describe_error, mask_url
-from ...runtime.tally import JournaledNotes, NoteRing
+from ...runtime.tally import JournaledNotes, NoteRing, SentAcks
 from .. import window_option
 from ..base import (
     FailedItem,
@@ -220,10 +220,10 @@ class RabbitMQSource(Source):
         daemon reads the notes a SIGKILL kept from a report there."""
         self._io.settle.notes = JournaledNotes(ring, maxlen=self._io.settle.notes.maxlen)
 
-    def count_acks(self, slot: Any) -> None:
-        """Keep the count of acks sent to the broker in ``slot`` (``slot[0]``), updated
-        by the I/O thread as each leaves (before :meth:`open`); ``acks_sent`` in stats."""
-        self._io.settle.sent_slot = slot
+    def count_acks(self, book: SentAcks) -> None:
+        """Keep the count of acks sent to the broker in ``book``, with each frame as it
+        leaves, by the I/O thread (before :meth:`open`); ``acks_sent`` in stats."""
+        self._io.settle.sent_book = book
 
     def take_notes(self) -> list[list]:
         """The failure books' notes for the daemon (:mod:`.settle`), oldest first."""

@@ -41,6 +41,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ...runtime.redact import describe_error, mask_url
+from ...runtime.tally import SentAcks
 from ..base import (
     Backoff,
     FailedItem,
@@ -118,6 +119,8 @@ class RedisStreamsSource(Source):
         self._idle_wait = _IDLE_POLL_MIN
         # counters
         self.fetched = self.acked = self.failed = self.dead_lettered = self.requeued = 0
+        #: where the count of acks Redis applied is kept for the daemon (the tally)
+        self._sent_book: SentAcks | None = None
         self.claimed = self.vanished = self.reconnects = self.errors = 0
         self.oversized = self.undecodable = 0
 
@@ -400,6 +403,11 @@ class RedisStreamsSource(Source):
                         justid=True)
         pipe.execute()
 
+    def count_acks(self, book: SentAcks) -> None:
+        """Keep the count of acks Redis applied in ``book`` (``acks_sent`` in stats): an
+        ack the producer handed over is not applied while the connection is down."""
+        self._sent_book = book
+
     def ack(self, handles: list[Any]) -> None:
         ids = []
         inflight = self._inflight
@@ -433,6 +441,10 @@ class RedisStreamsSource(Source):
             self._xack(ids)
             self._unsent_acks = []
             self.acked += len(ids)
+            if self._sent_book is not None:
+                # counted once Redis answered the XACK: an ack held while disconnected,
+                # lost with the process, is claimed again and counted then, once
+                self._sent_book.left(self.acked)
         if self._unsent_dead:
             dead = self._unsent_dead
             self._dead_letter(dead)
@@ -550,7 +562,8 @@ class RedisStreamsSource(Source):
             "claimed": self.claimed, "vanished": self.vanished, "buffered": 0,
             "unacked": len(self._inflight) + len(self._left_pending)
             + len(self._unsent_acks) + len(self._unsent_dead),
-            "unsent_acks": len(self._unsent_acks), "reconnects": self.reconnects,
+            "unsent_acks": len(self._unsent_acks), "acks_sent": self.acked,
+            "reconnects": self.reconnects,
             "errors": self.errors, "paused": self._paused, "last_error": self._last_error,
             "oversized": self.oversized, "max_message_bytes": self.max_message_bytes,
             "decode": self.decode,
