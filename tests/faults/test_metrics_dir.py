@@ -139,22 +139,33 @@ def test_dead_processes_are_folded_into_archives_and_the_sums_hold(tmp_path: Pat
                    and v for k, v in got.items()), got
 
 
-def test_what_a_dead_process_counted_after_its_last_flush_is_added(tmp_path: Path) -> None:
-    """A stage SIGKILLed between flushes: the daemon adds what its tally says it counted
-    after its last flush to the counters of that name in its files, once."""
-    from offbroadway.daemon.observe.metricsdir import CompactedCollector
-
+def _one_dead_processor(tmp_path: Path) -> tuple[Path, int]:
+    """A metrics dir, and the pid of a process that counted one message received in it
+    as ``processor_default_0`` and exited."""
     path = tmp_path / "metrics"
     path.mkdir(mode=0o700)
     child = subprocess.run([sys.executable, "-m", "tests.faults.metrics_child", str(path), "1"],
                            cwd=REPO, env=test_env(), input="next\n", capture_output=True,
                            text=True, timeout=60)
     assert child.returncode == 0, child.stderr
-    metrics.process_dead(int(child.stdout.split()[0]), str(path),
-                         {"offbroadway_messages_received_total": 5,
-                          "offbroadway_messages_acked_total": 7})
-    got = {(s.name, s.labels.get("child")): s.value
-           for family in CompactedCollector(str(path)).collect() for s in family.samples}
+    return path, int(child.stdout.split()[0])
+
+
+def _archived(path: Path) -> dict[tuple[str, str | None], float]:
+    """(sample name, child) -> value, as a scrape of the dir's archives returns them."""
+    from offbroadway.daemon.observe.metricsdir import CompactedCollector
+
+    return {(s.name, s.labels.get("child")): s.value
+            for family in CompactedCollector(str(path)).collect() for s in family.samples}
+
+
+def test_what_a_dead_process_counted_after_its_last_flush_is_added(tmp_path: Path) -> None:
+    """A stage SIGKILLed between flushes: the daemon adds what its tally says it counted
+    after its last flush to the counters of that name in its files, once."""
+    path, pid = _one_dead_processor(tmp_path)
+    metrics.process_dead(pid, str(path), {"offbroadway_messages_received_total": 5,
+                                          "offbroadway_messages_acked_total": 7})
+    got = _archived(path)
     assert got[("offbroadway_messages_received_total", "processor_default_0")] == 1 + 5
     assert not any(name == "offbroadway_messages_acked_total" for name, _ in got)
 
@@ -163,20 +174,14 @@ def test_counts_learnt_after_a_death_are_credited_to_the_archived_series(
         tmp_path: Path) -> None:
     """Acks in doubt that landed are known only when the drain completes, long after the
     producer's files were folded: they go into its archived series, and only its."""
-    from offbroadway.daemon.observe.metricsdir import CompactedCollector, credit
+    from offbroadway.daemon.observe.metricsdir import credit
 
-    path = tmp_path / "metrics"
-    path.mkdir(mode=0o700)
-    child = subprocess.run([sys.executable, "-m", "tests.faults.metrics_child", str(path), "1"],
-                           cwd=REPO, env=test_env(), input="next\n", capture_output=True,
-                           text=True, timeout=60)
-    assert child.returncode == 0, child.stderr
-    metrics.process_dead(int(child.stdout.split()[0]), str(path))
+    path, pid = _one_dead_processor(tmp_path)
+    metrics.process_dead(pid, str(path))
     assert credit(str(path), "offbroadway_messages_received_total", "processor_default_0", 4)
     assert not credit(str(path), "offbroadway_messages_received_total", "processor_default_1",
                       4)
-    got = {(s.name, s.labels.get("child")): s.value
-           for family in CompactedCollector(str(path)).collect() for s in family.samples}
+    got = _archived(path)
     assert got[("offbroadway_messages_received_total", "processor_default_0")] == 1 + 4
 
 
