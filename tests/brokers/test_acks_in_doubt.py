@@ -23,7 +23,7 @@ import pytest
 from tests.brokers.test_counts_agree import status
 from tests.brokers.test_failure_books_producers import config_for, publish
 from tests.brokers.test_until_idle_failures import summary
-from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
+from tests.conftest import REPO, free_port, offbroadway_cmd, test_env, wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -67,7 +67,9 @@ def test_a_producer_killed_with_an_ack_frame_on_its_way_is_counted_as_the_broker
     env = test_env()
     env["PYTHONPATH"] = f"{short_tmp / 'site'}{os.pathsep}{env['PYTHONPATH']}"
     env["OB_TEST_HOLD_ACK"] = str(hold)
-    config = config_for(short_tmp, queue, "reject_and_requeue", prefetch=50)
+    # /metrics on: the acks that land go into the dead incarnation's archived counter
+    config = config_for(short_tmp, queue, "reject_and_requeue", prefetch=50,
+                        metrics=free_port())
     daemon = subprocess.Popen(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True)
@@ -101,3 +103,4 @@ def test_a_producer_killed_with_an_ack_frame_on_its_way_is_counted_as_the_broker
     # after the write the broker got the frame: its messages never came back; before, it
     # never left: every one came back, was acked again and counted once, then
     assert landed == (mode == "after"), err[-3000:]
+    assert "have no counter to go to" not in err, err[-3000:]
