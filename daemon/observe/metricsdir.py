@@ -132,7 +132,7 @@ def _add_into(archive: str, file: str, extra: Mapping[str, float]) -> None:
         for key, value, timestamp, _ in values:
             old = target.read_value(key)   # (value, timestamp) in the versions we need
             if extra:
-                value += extra.get(_sample_name(key), 0)
+                value += extra.get(_sample(key)[0], 0)
             target.write_value(key, old[0] + value, timestamp)
     finally:
         target.close()
@@ -152,11 +152,8 @@ def credit(path: str, sample: str, child: str, n: float) -> bool:
         except (OSError, ValueError, struct.error, UnicodeDecodeError):
             return False
         for key, value, timestamp, _ in values:
-            try:
-                _, name, labels, _ = json.loads(key)
-            except ValueError:
-                continue
-            if name == sample and isinstance(labels, dict) and labels.get("child") == child:
+            name, labels = _sample(key)
+            if name == sample and labels.get("child") == child:
                 target = MmapedDict(archive)
                 try:
                     target.write_value(key, value + n, timestamp)
@@ -166,14 +163,17 @@ def credit(path: str, sample: str, child: str, n: float) -> bool:
     return False
 
 
-def _sample_name(key: str) -> str:
-    """The sample's name in a multiprocess file's key (JSON: metric name, sample name,
-    label names, label values, help)."""
+def _sample(key: str) -> tuple[str, dict]:
+    """The sample's name and labels in a multiprocess file's key (JSON: metric name,
+    sample name, labels, help); ("", {}) for a key not of that shape."""
     try:
         parts = json.loads(key)
-        return parts[1] if isinstance(parts, list) and len(parts) > 1 else ""
     except ValueError:
-        return ""
+        return "", {}
+    if not (isinstance(parts, list) and len(parts) > 2):
+        return "", {}
+    name, labels = parts[1], parts[2]
+    return (name if isinstance(name, str) else "", labels if isinstance(labels, dict) else {})
 
 
 def _listdir(path: str) -> list[str]:

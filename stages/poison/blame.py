@@ -39,6 +39,7 @@ torn between two messages.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import struct
@@ -290,10 +291,8 @@ def take(file_path: str) -> Blame | None:
         return None
     finally:
         os.close(fd)
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(file_path)
-    except OSError:
-        pass
     try:
         return parse(raw)
     except (struct.error, UnicodeError):

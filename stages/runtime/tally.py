@@ -39,6 +39,7 @@ nothing written yet.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import struct
@@ -252,10 +253,7 @@ def take(file_path: str, pid: int) -> LastWords | None:
     finally:
         os.close(fd)
     if words is not None:
-        try:
-            os.unlink(file_path)
-        except OSError:
-            pass
+        _remove(file_path)
     return words
 
 
@@ -337,8 +335,12 @@ def take_notes(file_path: str, pid: int) -> list[list]:
         return []
     finally:
         os.close(fd)
-    try:
-        os.unlink(file_path)
-    except OSError:
-        pass
+    _remove(file_path)
     return notes
+
+
+def _remove(file_path: str) -> None:
+    """A file the daemon has read: gone, so that no later incarnation reads it as its
+    own (already gone is as good)."""
+    with contextlib.suppress(OSError):
+        os.unlink(file_path)
