@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -57,6 +58,36 @@ def metric(text: str, name: str) -> float:
     return sum(float(m) for m in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
 
 
+def settle_then_stop(daemon: subprocess.Popen, log: IO[str], config: Path, port: int, *,
+                     settled: Callable[[dict], bool], flushed: Callable[[str], bool],
+                     what: str, timeout: float = 60) -> tuple[dict, str, str]:
+    """Wait until ``status --json`` is ``settled`` (else fail: not ``what``, with the
+    daemon's log), then until a ``/metrics`` scrape is ``flushed``, then stop the daemon
+    (SIGTERM) and wait for it: (that status, that scrape, its stdout).  The caller kills
+    the daemon if it is still running."""
+    seen: list[dict] = [{}]
+
+    def polled() -> dict | None:
+        s = seen[0] = status(config)
+        return s if settled(s) else None
+
+    try:
+        st = wait_until(polled, timeout=timeout, interval=0.2, message="all settled")
+    except AssertionError:
+        pytest.fail(f"not {what} in status: "
+                    f"{ {k: v for k, v in seen[0].items() if k != 'tree'} }\n"
+                    + Path(log.name).read_text()[-6000:])
+
+    def scraped() -> str | None:
+        t = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        return t.decode() if flushed(t.decode()) else None
+
+    scrape = wait_until(scraped, timeout=10, message="the metrics' next flush")
+    daemon.send_signal(signal.SIGTERM)
+    out, _ = daemon.communicate(timeout=90)
+    return st, scrape, out
+
+
 def _start(tmp: Path, rabbit, n: int, *, slow: float
            ) -> tuple[str, Path, int, IO[str], subprocess.Popen]:
     """A queue of ``n`` messages (``message_id`` m<i>; one in a hundred fails, the seq 42
@@ -91,25 +122,11 @@ def test_summary_log_status_and_metrics_agree_with_the_broker(short_tmp: Path, r
         wait_until(lambda: status(config).get("acked", 0) >= 200, timeout=60,
                    interval=0.05, message="200 acked")
         kill_when_running(config, "batch_processor_default_0")
-        seen: list[dict] = [{}]
-
-        def settled() -> dict | None:
-            s = seen[0] = status(config)
-            return s if s.get("acked") == N - FAILING and s.get("failed") == FAILING else None
-
-        try:
-            st = wait_until(settled, timeout=60, interval=0.2, message="all settled")
-        except AssertionError:
-            pytest.fail(f"not {N - FAILING} acked and {FAILING} failed in status: "
-                        f"{ {k: v for k, v in seen[0].items() if k != 'tree'} }\n"
-                        + (short_tmp / "daemon.log").read_text()[-6000:])
-        scrape = wait_until(
-            lambda: (t := urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
-                                                 timeout=10).read().decode())
-            and metric(t, "offbroadway_messages_acked_total") == N - FAILING and t,
-            timeout=10, message="the metrics' next flush")
-        daemon.send_signal(signal.SIGTERM)
-        out, _ = daemon.communicate(timeout=90)
+        st, scrape, out = settle_then_stop(
+            daemon, log, config, port,
+            settled=lambda s: s.get("acked") == N - FAILING and s.get("failed") == FAILING,
+            flushed=lambda t: metric(t, "offbroadway_messages_acked_total") == N - FAILING,
+            what=f"{N - FAILING} acked and {FAILING} failed")
     finally:
         if daemon.poll() is None:
             daemon.kill()
@@ -155,26 +172,11 @@ def test_acks_a_producer_made_before_its_sigkill_are_counted_on_every_surface(
         left = rabbit.ready(queue)
         kill_when_running(config, "producer_0")
         assert left > 1000, "the run was nearly over before the kill"
-        seen: list[dict] = [{}]
-
-        def settled() -> dict | None:
-            s = seen[0] = status(config)
-            return s if s.get("acked", 0) >= n - failing and s.get("failed") == failing \
-                else None
-
-        try:
-            st = wait_until(settled, timeout=90, interval=0.2, message="all settled")
-        except AssertionError:
-            pytest.fail(f"not {n - failing} acked and {failing} failed in status: "
-                        f"{ {k: v for k, v in seen[0].items() if k != 'tree'} }\n"
-                        + (short_tmp / "daemon.log").read_text()[-6000:])
-        scrape = wait_until(
-            lambda: (t := urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
-                                                 timeout=10).read().decode())
-            and metric(t, "offbroadway_messages_acked_total") >= n - failing and t,
-            timeout=10, message="the metrics' next flush")
-        daemon.send_signal(signal.SIGTERM)
-        out, _ = daemon.communicate(timeout=90)
+        st, scrape, out = settle_then_stop(
+            daemon, log, config, port,
+            settled=lambda s: s.get("acked", 0) >= n - failing and s.get("failed") == failing,
+            flushed=lambda t: metric(t, "offbroadway_messages_acked_total") >= n - failing,
+            what=f"{n - failing} acked and {failing} failed", timeout=90)
     finally:
         if daemon.poll() is None:
             daemon.kill()

@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.brokers.conftest import AMQP_URL
-from tests.brokers.test_counts_agree import kill_when_running, metric, status
+from tests.brokers.test_counts_agree import (
+    kill_when_running,
+    metric,
+    settle_then_stop,
+    status,
+)
 from tests.brokers.test_until_idle_failures import failed_deliveries, run_until_idle, summary
 from tests.conftest import REPO, free_port, offbroadway_cmd, test_env, wait_until
 from tests.e2e.test_pipeline import make_config
@@ -103,37 +106,25 @@ def test_poison_across_two_producers_counts_each_message_once(short_tmp: Path,
         for start in range(0, n, 10):      # paced: neither producer's window fills up
             publish(rabbit, queue, bodies[start:start + 10], first=start)
             time.sleep(0.02)
-        seen: list[dict] = [{}]
-
-        def settled() -> dict | None:
-            s = seen[0] = status(config)
+        def settled(s: dict) -> bool:
             # each producer's own figures add up to the same, once the daemon's word
             # reached them (the books the metrics export)
             producers = [node.get("messages", {}) for node in walk(s.get("tree", {}))
                          if node.get("id", "").startswith("producer_")]
             own = (sum(p.get("source", {}).get("failed", 0) for p in producers),
                    sum(p.get("failing", 0) for p in producers))
-            return s if (s.get("acked"), s.get("failed"), s.get("failing"), own) == \
-                (acked, failed, 0, (failed, 0)) else None
+            return (s.get("acked"), s.get("failed"), s.get("failing"), own) == \
+                (acked, failed, 0, (failed, 0))
 
-        try:
-            wait_until(settled, timeout=60, interval=0.2, message="all settled")
-        except AssertionError:
-            pytest.fail(f"not {acked} acked, {failed} failed, 0 failing in status: "
-                        f"{ {k: v for k, v in seen[0].items() if k != 'tree'} }\n"
-                        + (short_tmp / "daemon.log").read_text()[-6000:])
-        def scraped() -> str | None:
-            t = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
-                                       timeout=10).read().decode()
-            books = (metric(t, "offbroadway_messages_acked_total"),
-                     metric(t, "offbroadway_messages_failed_total"),
-                     metric(t, "offbroadway_messages_failing"))
-            return t if books == (acked, failed, 0) else None
+        def books(t: str) -> bool:
+            return (metric(t, "offbroadway_messages_acked_total"),
+                    metric(t, "offbroadway_messages_failed_total"),
+                    metric(t, "offbroadway_messages_failing")) == (acked, failed, 0)
 
-        scrape = wait_until(scraped, timeout=10, message="the metrics' books")
+        _, scrape, out = settle_then_stop(daemon, log, config, port, settled=settled,
+                                          flushed=books,
+                                          what=f"{acked} acked, {failed} failed, 0 failing")
         assert metric(scrape, "offbroadway_message_failures_total") >= 2 * failed
-        daemon.send_signal(signal.SIGTERM)
-        out, _ = daemon.communicate(timeout=90)
     finally:
         if daemon.poll() is None:
             daemon.kill()
