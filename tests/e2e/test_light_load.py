@@ -40,15 +40,27 @@ def one_name_per_producer(producers: int, jobs: int) -> list[str]:
     return names
 
 
-def producer_demands(sock: Path) -> list[int]:
+def demand_placed(sock: Path, producers: int, processors: int) -> bool:
+    """Every processor has demand outstanding at every producer (its ``edges``: per
+    upstream, events handled and demand out), and every producer counts it.
+
+    A producer's total alone is not enough: two processors of ``max_demand`` 10 make it
+    20 while the other two have not subscribed yet, and the jobs would go to the two."""
     from offbroadway.daemon.cli import control
 
     try:
         status = control.request(str(sock), {"cmd": "status"}, timeout=5)["status"]
     except (control.ControlError, OSError, ValueError):
-        return []
-    return [node.get("messages", {}).get("demand", 0) for node in snapshot_nodes(status["tree"])
-            if node["id"].startswith("producer_")]
+        return False
+    nodes = list(snapshot_nodes(status["tree"]))
+    demands = [n.get("messages", {}).get("demand", 0) for n in nodes
+               if n["id"].startswith("producer_")]
+    edges = [n.get("messages", {}).get("edges", {}) for n in nodes
+             if n["id"].startswith("processor_")]
+    return (len(demands) == producers and all(d >= processors for d in demands)
+            and len(edges) == processors
+            and all(len(e) == producers and all(out > 0 for _, out in e.values())
+                    for e in edges))
 
 
 def run_burst(tmp: Path, producers: int, processors: int, jobs: int,
@@ -73,9 +85,8 @@ def run_burst(tmp: Path, producers: int, processors: int, jobs: int,
     daemon = start_daemon(config)
     try:
         sock = tmp / "run" / "control.sock"
-        wait_until(lambda: (d := producer_demands(sock)) and len(d) == producers and all(
-            x >= processors for x in d), timeout=60,
-            message="every processor's demand at every producer")
+        wait_until(lambda: demand_placed(sock, producers, processors), timeout=60,
+                   message="every processor's demand at every producer")
         arrival = time.time()
         for name in names:
             os.rename(staging / name, spool / name)
