@@ -34,7 +34,9 @@ while draining is brought into the drain on its hello.
 
 Before the drain, with ``--until-idle``: every source idle (:class:`Idle` reports) is the
 signal to begin; a downstream stage's exit (a crash cascade) forgets what was said, since
-its messages come back to the source.  A producer says idle with messages in flight (the
+its messages come back to the source, and a source's exit forgets its own (what it had in
+flight is back at its source; reports of the dead incarnation still on their way are
+ignored until its successor's hello).  A producer says idle with messages in flight (the
 drain finishes those), so its report and the cascade's requeue cross on the way: an idle
 report sent before the requeue reached the producer, taken after the exit, would begin a
 drain while what the requeue handed back (a poison message about to be failed) sits at
@@ -80,6 +82,8 @@ class Terminator:
         self.drained: set[str] = set()
         #: sources sent a requeue that have not answered it yet (see :meth:`requeue_sent`)
         self.owed: set[str] = set()
+        #: sources that exited and whose successor has not said hello yet (see :meth:`exited`)
+        self.down: set[str] = set()
         self.adopt(topology)
 
     def adopt(self, topology: Topology) -> None:
@@ -95,17 +99,26 @@ class Terminator:
         self.settled &= live
         self.drained &= live
         self.idle = {s: v for s, v in self.idle.items() if s in live}
+        self.down &= live
         self._advance()
 
     # -- before the drain -----------------------------------------------------------------
     def idle_report(self, stage_id: str, idle: bool) -> bool:
         """A source's idleness changed; True when every source is idle (``--until-idle``
         begins the drain then)."""
+        if stage_id in self.down:
+            return False            # sent by an incarnation that has exited since: stale
         if stage_id in self.owed:
             if idle:
                 return False        # said before our requeue reached it: stale
             self.owed.discard(stage_id)
         self.idle[stage_id] = idle
+        return self.all_idle
+
+    @property
+    def all_idle(self) -> bool:
+        """Every source said it is idle, and none has exited since: the shell checks it
+        again when it is about to begin the drain, since a source may die in between."""
         return bool(self.sources) and all(self.idle.get(p) for p in self.sources)
 
     def requeue_sent(self, stage_id: str) -> None:
@@ -119,8 +132,15 @@ class Terminator:
 
     def exited(self, stage_id: str) -> None:
         """A worker exited: if it held messages (downstream, or the Spark server its
-        committers write through), what the sources said about idleness is stale."""
+        committers write through), what the sources said about idleness is stale.  So is
+        a source's own: it said idle with messages in flight, which its death puts back at
+        the source (the spool's unsettled lines, the broker's unacked messages), and a
+        report it sent before dying may still be on its way; its successor speaks for it
+        after its hello."""
         self.drained.discard(stage_id)
+        if stage_id in self.sources:
+            self.idle.pop(stage_id, None)
+            self.down.add(stage_id)
         if self.topology.is_downstream(stage_id) or stage_id == self.topology.spark:
             self.idle.clear()
 
@@ -140,8 +160,10 @@ class Terminator:
 
     def hello(self, stage_id: str) -> list[Send]:
         """A stage (re)started: during the drain it is brought into it too.  A new
-        incarnation owes no answer to its predecessor's requeue."""
+        incarnation owes no answer to its predecessor's requeue, and its idle reports
+        count."""
         self.owed.discard(stage_id)
+        self.down.discard(stage_id)
         return self._command(stage_id) if self.phase in WAITING else []
 
     def report_done(self, stage_id: str) -> None:

@@ -363,6 +363,11 @@ class Daemon:
                 self.notifier.status(f"failed: {reason}")
                 return 1
             if waits[first] == "idle":
+                if not self.state.terminator.all_idle:
+                    # a source died since it said idle: what it had in flight is back at
+                    # the source, and its successor reads it before the drain may begin
+                    self._idle_event.clear()
+                    continue
                 log.info("pipeline %s: source exhausted; draining (what is in flight is "
                          "written and acked first)", name)
             await self.drainer.drain()

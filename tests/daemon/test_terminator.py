@@ -158,12 +158,29 @@ def test_until_idle_every_source_idle_and_a_downstream_exit_forgets_it() -> None
     term = Terminator(t)
     assert not term.idle_report("producer_0", True)
     assert term.idle_report("producer_1", True)
-    term.exited("producer_0")                       # a source: its idleness is its own
-    assert term.idle_report("producer_1", True)
     term.exited("batch_processor_b0_0")             # downstream: its messages come back
     assert not term.idle_report("producer_1", True)
     assert term.idle_report("producer_0", True)
     assert not term.idle_report("producer_0", False)
+
+
+def test_a_source_that_exits_after_saying_idle_is_idle_no_more() -> None:
+    """A producer says idle with lines in flight; SIGKILLed, those lines are back at its
+    source (unsettled in the spool's record) and its successor reads them again.  Its
+    idle report, and one still on its way from the dead incarnation, must not begin the
+    drain: the successor would be told to drain at its hello and never read them."""
+    t = _topology()
+    term = Terminator(t)
+    assert not term.idle_report("producer_0", True)
+    term.exited("producer_0")
+    assert not term.all_idle
+    assert not term.idle_report("producer_1", True)
+    assert not term.idle_report("producer_0", True)   # sent before it died: stale
+    assert not term.all_idle
+    term.hello("producer_0")                          # the successor speaks for it now
+    assert not term.idle_report("producer_0", False)
+    assert term.idle_report("producer_0", True)
+    assert term.all_idle
 
 
 def test_a_spark_server_restart_in_the_drain_ends_it_and_leaves_nothing_drained() -> None:

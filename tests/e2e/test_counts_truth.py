@@ -38,7 +38,7 @@ def _run_with_a_kill(tmp: Path, n: int, batch_slow: float, batch_size: int,
             daemon.kill()
             daemon.wait()
     assert daemon.returncode == 0, err[-3000:]
-    assert not list((tmp / "spool").glob("*.jsonl")), "lines left unacked"
+    assert not list((tmp / "spool").glob("*.jsonl")), f"lines left unacked: {err[-3000:]}"
     return out, err
 
 
