@@ -50,6 +50,19 @@ def test_env() -> dict[str, str]:
 test_env.__test__ = False  # type: ignore[attr-defined]
 
 
+def env_with_site(tmp: Path, sitecustomize: str, **variables: str) -> dict[str, str]:
+    """:func:`test_env` whose every Python process (the daemon and each of its stages) runs
+    ``sitecustomize`` first, from ``tmp/site``: a test's way to hold a stage at one point of
+    the real code, armed through ``variables`` (the environment it adds)."""
+    site = tmp / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(sitecustomize)
+    env = test_env()
+    env["PYTHONPATH"] = f"{site}{os.pathsep}{env['PYTHONPATH']}"
+    env.update(variables)
+    return env
+
+
 @pytest.fixture
 def short_tmp():
     """A short directory for runtime dirs: unix socket paths are limited to 107 bytes."""

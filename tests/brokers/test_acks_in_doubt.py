@@ -25,7 +25,7 @@ import pytest
 from tests.brokers.test_counts_agree import status
 from tests.brokers.test_failure_books_producers import config_for, publish
 from tests.brokers.test_until_idle_failures import summary
-from tests.conftest import REPO, free_port, offbroadway_cmd, test_env, wait_until
+from tests.conftest import REPO, env_with_site, free_port, offbroadway_cmd, test_env, wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -71,11 +71,7 @@ def test_a_producer_killed_with_an_ack_frame_on_its_way_is_counted_as_the_broker
     publish(rabbit, queue, [{"flaky": False}] * n)
     hold = short_tmp / "hold"
     hold.mkdir()
-    (short_tmp / "site").mkdir()
-    (short_tmp / "site" / "sitecustomize.py").write_text(HOLD)
-    env = test_env()
-    env["PYTHONPATH"] = f"{short_tmp / 'site'}{os.pathsep}{env['PYTHONPATH']}"
-    env["OB_TEST_HOLD_ACK"] = str(hold)
+    env = env_with_site(short_tmp, HOLD, OB_TEST_HOLD_ACK=str(hold))
     # /metrics on: the acks that land go into the dead incarnation's archived counter
     config = config_for(short_tmp, queue, "reject_and_requeue", prefetch=50,
                         metrics=free_port())

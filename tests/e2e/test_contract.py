@@ -27,7 +27,7 @@ from offbroadway.testing import test_messages
 
 from tests.conftest import REPO, offbroadway_cmd, start_daemon, test_env, wait_until
 from tests.e2e.handlers import Contract, read_records
-from tests.e2e.test_pipeline import make_config, run_until_idle, stage_pids
+from tests.e2e.test_pipeline import make_config, run_until_idle, run_until_idle_while, stage_pids
 
 HANDLER = "tests.e2e.handlers:Contract"
 
@@ -165,30 +165,27 @@ def test_until_idle_waits_for_every_message_when_a_batch_processor_dies_in_the_d
                          batchers={"default": {"batch_size": 20, "batch_timeout": 0.2,
                                                "concurrency": 2}})
     sock = short_tmp / "run" / "control.sock"
-    daemon = subprocess.Popen(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
-                              env=test_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)
-    try:
+    seen: dict[str, int] = {}
+
+    def kill() -> None:
         # the drain has begun with work in flight: kill a batch processor then
         s = wait_until(lambda: (st := _status(sock)) and st.get("draining") and st,
                        timeout=90, interval=0.05, message="the drain to begin")
         victim = _node(s["tree"], "batch_processor_default_0")
         inflight = _node(s["tree"], "producer_0").get("messages", {}).get("inflight", 0)
         assert victim.get("pid") and inflight > 0, (victim, inflight)
+        seen["inflight"] = inflight
         os.kill(victim["pid"], signal.SIGKILL)
-        out, err = daemon.communicate(timeout=180)
-    finally:
-        if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait()
-    assert daemon.returncode == 0, err[-3000:]
+
+    code, out, err = run_until_idle_while(config, kill)
+    assert code == 0, err[-3000:]
     assert "running again until idle" in err, err[-3000:]
     handled = Counter(h["id"] for h in read_records(str(short_tmp / "out"), "batch-"))
     assert set(handled) == {_id(i) for i in range(n)}, f"{n - len(handled)} never written"
     # duplicates only among what the requeue handed back (it logs how many)
     requeued = sum(int(k) for k in re.findall(r"requeued (\d+) in-flight messages", err))
     assert sum(handled.values()) - n <= requeued, (sum(handled.values()) - n, requeued,
-                                                   inflight)
+                                                   seen["inflight"])
     assert not read_records(str(short_tmp / "out"), "failed-")
     assert not list((short_tmp / "spool").glob("*.jsonl")), "messages left unacked"
     assert f"{n} messages acked" in out or "messages acked" in out

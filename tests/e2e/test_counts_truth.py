@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
+from tests.conftest import REPO, offbroadway_cmd, wait_until
 from tests.e2e.handlers import read_records
 from tests.e2e.test_contract import HANDLER, _node, _spool, _status
-from tests.e2e.test_pipeline import make_config
+from tests.e2e.test_pipeline import make_config, run_until_idle_while
 
 
 def _run_with_a_kill(tmp: Path, n: int, batch_slow: float, batch_size: int,
@@ -27,17 +27,8 @@ def _run_with_a_kill(tmp: Path, n: int, batch_slow: float, batch_size: int,
     config = make_config(tmp, handler=HANDLER, context={"batch_slow": batch_slow},
                          batchers={"default": {"batch_size": batch_size,
                                                "batch_timeout": 0.1, "concurrency": 2}})
-    daemon = subprocess.Popen(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
-                              env=test_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)
-    try:
-        kill(tmp / "run" / "control.sock")
-        out, err = daemon.communicate(timeout=180)
-    finally:
-        if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait()
-    assert daemon.returncode == 0, err[-3000:]
+    code, out, err = run_until_idle_while(config, lambda: kill(tmp / "run" / "control.sock"))
+    assert code == 0, err[-3000:]
     assert not list((tmp / "spool").glob("*.jsonl")), f"lines left unacked: {err[-3000:]}"
     return out, err
 

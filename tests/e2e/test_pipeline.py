@@ -10,6 +10,7 @@ import signal
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,24 @@ def run_until_idle(config: Path, timeout: float = 120) -> subprocess.CompletedPr
     proc = subprocess.run(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
                           env=test_env(), capture_output=True, text=True, timeout=timeout)
     return proc
+
+
+def run_until_idle_while(config: Path, during: Callable[[], object],
+                         env: dict[str, str] | None = None,
+                         timeout: float = 180) -> tuple[int, str, str]:
+    """``run --until-idle`` with ``during()`` called while it runs (a kill, a hold): its
+    exit code, stdout and stderr.  The daemon is killed if ``during`` fails."""
+    daemon = subprocess.Popen(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
+                              env=env or test_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        during()
+        out, err = daemon.communicate(timeout=timeout)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+    return daemon.returncode, out, err
 
 
 def handled_seqs(out: Path, prefix: str = "batch-") -> Counter:

@@ -14,17 +14,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import textwrap
 import time
 from collections import Counter
 from pathlib import Path
 
-from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
+from tests.conftest import env_with_site, wait_until
 from tests.e2e.handlers import read_records
 from tests.e2e.test_contract import _node, _status
 from tests.e2e.test_counts_truth import _ledger_acked
-from tests.e2e.test_pipeline import make_config, run_until_idle, write_spool
+from tests.e2e.test_pipeline import make_config, run_until_idle, run_until_idle_while, write_spool
 
 
 def test_a_drain_that_outlasts_shutdown_timeout_exits_1_and_loses_nothing(
@@ -99,19 +98,12 @@ def test_a_producer_killed_after_it_said_idle_reads_its_lines_before_the_drain(
                                            for i in range(60, N_LINES)))
     hold = short_tmp / "hold"
     hold.mkdir()
-    (short_tmp / "site").mkdir()
-    (short_tmp / "site" / "sitecustomize.py").write_text(HOLD_OPEN)
-    env = test_env()
-    env["PYTHONPATH"] = f"{short_tmp / 'site'}{os.pathsep}{env['PYTHONPATH']}"
-    env["OB_TEST_HOLD_OPEN"] = str(hold)
+    env = env_with_site(short_tmp, HOLD_OPEN, OB_TEST_HOLD_OPEN=str(hold))
     config = make_config(short_tmp, handler="tests.e2e.handlers:Contract", producers=2,
                          context={"batch_slow": 0.1},
                          batchers={"default": {"batch_size": 20, "batch_timeout": 0.1,
                                                "concurrency": 2}})
     sock = short_tmp / "run" / "control.sock"
-    daemon = subprocess.Popen(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)
 
     def source(st: dict, producer: str) -> dict:
         return _node(st.get("tree", {}), producer).get("messages", {}).get("source", {})
@@ -121,7 +113,7 @@ def test_a_producer_killed_after_it_said_idle_reads_its_lines_before_the_drain(
         node = _node(st.get("tree", {}), producer).get("messages", {})
         return bool(node.get("source", {}).get("exhausted")) and node.get("buffered") == 0
 
-    try:
+    def kill_and_hold() -> None:
         st = wait_until(lambda: (s := _status(sock)) and source(s, "producer_0").get(
             "exhausted") and s, timeout=60, interval=0.05,
             message="producer_0 to read its file to the end")
@@ -139,12 +131,9 @@ def test_a_producer_killed_after_it_said_idle_reads_its_lines_before_the_drain(
         while time.monotonic() < deadline:
             assert not _status(sock).get("draining"), "the drain began without producer_0"
         (hold / "released").touch()
-        out, err = daemon.communicate(timeout=180)
-    finally:
-        if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait()
-    assert daemon.returncode == 0, err[-3000:]
+
+    code, out, err = run_until_idle_while(config, kill_and_hold, env=env)
+    assert code == 0, err[-3000:]
     assert not list(spool.glob("*.jsonl")), f"lines left unacked: {err[-3000:]}"
     handled = Counter(r["id"] for r in read_records(str(short_tmp / "out"), "batch-"))
     assert len(handled) == N_LINES, f"{N_LINES - len(handled)} lines never handled"
