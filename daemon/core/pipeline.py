@@ -149,6 +149,13 @@ class PipelineState:
         until its messages come back or the run ends (:mod:`.failing`)."""
         self.ledger.doubt(stage_id, when, digests)
 
+    def unread_sources(self) -> list[str]:
+        """The producers whose source, as each last reported, was not read to the end
+        (a spool with a file still being read or lines handed back; sources that cannot
+        know, the brokers', say nothing and are not among them)."""
+        return [p for p in self.topology.producers
+                if self.board.source(p).get("exhausted") is False]
+
     def land_doubts(self) -> dict[str, int]:
         """The run's end: the acks still in doubt never came back, so the broker got
         them: into each producer's books (producer -> how many)."""

@@ -189,6 +189,14 @@ class Terminator:
         if self.phase in WAITING or self.phase is Phase.COMPLETE:
             self.phase = Phase.REQUEUED
 
+    def unread(self) -> None:
+        """A complete drain's sources were not all read to the end (their last reports say
+        so): under ``--until-idle`` it cannot end with every message acked, so it is
+        requeued and the pipeline runs again.  The drain never begins before every source
+        says idle, so this is the guard of the exit code, not the rule."""
+        if self.phase is Phase.COMPLETE:
+            self.phase = Phase.REQUEUED
+
     def expire(self) -> list[str]:
         """The shutdown timeout passed: what was still missing, in words; the drain ends."""
         lines = []

@@ -55,6 +55,8 @@ class Drainer:
         #: the books at the end of the last drain
         self.outcome: outcome_mod.Outcome | None = None
         self._stop_deadline: float | None = None
+        #: why the next run again runs, if not a crash or a lost connection in the drain
+        self.again_why: str | None = None
 
     def cut_short(self) -> None:
         """Stop waiting for what is in flight (it stays unacked at the source)."""
@@ -103,6 +105,13 @@ class Drainer:
             await self.wait_for(lambda: not self.state.outcome().unacked
                                 or t.phase is not Phase.COMPLETE,
                                 time.monotonic() + SETTLE_GRACE)
+        if t.phase is Phase.COMPLETE and self.until_idle and not self.stopping():
+            unread = self.state.unread_sources()
+            if unread:
+                # the exit code's guard: --until-idle ends once every source was read
+                self.again_why = (f"{', '.join(unread)} not read to the end when the "
+                                  "drain completed")
+                t.unread()
         if t.phase is Phase.REQUEUED and self.until_idle and not self.stopping():
             return   # not complete: run again (see run_again)
         log.info("drain complete" if t.phase is Phase.COMPLETE else
@@ -137,10 +146,11 @@ class Drainer:
         stage that died during the drain had its messages requeued at the source, where the
         drained producers would leave them: the pipeline (producers and all after them; a
         Spark server stays) is restarted out of the drain and runs until idle again."""
-        log.warning("pipeline %s: messages went back to the source during the drain (a "
-                    "stage died, or a source lost its broker connection); running again "
-                    "until idle, so that every message is written and acked before "
-                    "exiting", self.state.config.pipeline.name)
+        why = self.again_why or ("messages went back to the source during the drain (a "
+                                 "stage died, or a source lost its broker connection)")
+        self.again_why = None
+        log.warning("pipeline %s: %s; running again until idle, so that every message is "
+                    "written and acked before exiting", self.state.config.pipeline.name, why)
         if self.state.terminator.reset():
             # stages still in drain mode would leave the requeued messages at the source:
             # restart the sources' supervisor, and so (rest_for_one) all after them

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from offbroadway.daemon.config.load import validate
 from offbroadway.daemon.core import outcome
 from offbroadway.daemon.core.pipeline import PipelineState
@@ -89,3 +90,37 @@ def test_a_run_again_restarts_the_sources_supervisor_by_name() -> None:
     asyncio.run(drainer.run_again())
     assert tree.restarted == ["ProducerSupervisor"]
     assert state.terminator.phase is Phase.RUNNING
+
+
+
+@pytest.mark.parametrize(("until_idle", "unread"), [(True, True), (True, False),
+                                                    (False, True)])
+def test_a_complete_drain_whose_source_was_not_read_to_the_end_runs_again(
+        until_idle: bool, unread: bool) -> None:
+    """The exit code's guard: a drain can only begin once every source said idle, but if
+    one ends complete with a source whose last report says it was not read to the end
+    (a spool file still being read), ``--until-idle`` runs again instead of exiting 0
+    with those lines never read; a stop ends as it did."""
+    state, sent = _state(), []
+    drainer = _drainer(state, sent, until_idle=until_idle)
+    t = state.topology
+
+    async def run() -> None:
+        drain = asyncio.ensure_future(drainer.drain())
+        await asyncio.sleep(0.05)
+        for stage in t.last:
+            state.report(stage, commands.Done(stats={}))
+        for p in t.sources:
+            state.report(p, commands.Settled(stats={
+                "pid": 1, "source": {"source": "spool", "unacked": 0,
+                                     "exhausted": not unread}}))
+        drainer.progress.set()
+        await asyncio.wait_for(drain, 5)
+    asyncio.run(run())
+    again = until_idle and unread
+    assert state.terminator.phase is (Phase.REQUEUED if again else Phase.COMPLETE)
+    assert drainer.again_why == ("producer_0 not read to the end when the drain completed"
+                                 if again else None)
+    if again:
+        asyncio.run(drainer.run_again())
+        assert drainer.again_why is None and state.terminator.phase is Phase.RUNNING
