@@ -26,6 +26,7 @@ from tests.brokers.test_counts_agree import status
 from tests.brokers.test_failure_books_producers import config_for, publish
 from tests.brokers.test_until_idle_failures import summary
 from tests.conftest import REPO, env_with_site, free_port, offbroadway_cmd, test_env, wait_until
+from tests.e2e.test_pipeline import run_until_idle_while
 
 pytestmark = pytest.mark.broker
 
@@ -76,10 +77,8 @@ def test_a_producer_killed_with_an_ack_frame_on_its_way_is_counted_as_the_broker
     config = config_for(short_tmp, queue, "reject_and_requeue", prefetch=50,
                         metrics=free_port())
     (hold / mode).write_text("6")    # a producer's sixth frame: a few hundred acked before
-    daemon = subprocess.Popen(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)
-    try:
+
+    def kill_the_held_producer() -> None:
         held = wait_until(lambda: next(hold.glob("held.*"), None), timeout=30,
                           interval=0.01, message=f"a producer held {mode} an ack frame")
         assert rabbit.ready(queue) > 100, "the run was nearly over before the kill"
@@ -92,14 +91,12 @@ def test_a_producer_killed_with_an_ack_frame_on_its_way_is_counted_as_the_broker
                                   cwd=REPO, env=test_env(), capture_output=True, text=True,
                                   timeout=60).stdout
             assert f"(+{doubt} in doubt)" in page, page
-        out, err = daemon.communicate(timeout=150)
-    finally:
-        if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait(30)
+
+    code, out, err = run_until_idle_while(config, kill_the_held_producer, env=env,
+                                          timeout=150)
     assert "killed by SIGKILL" in err and "killed while an ack frame of" in err, err[-3000:]
     line = summary(out)
-    assert daemon.returncode == 0, (line, err[-4000:])
+    assert code == 0, (line, err[-4000:])
     assert line.startswith(f"e2e: {n} messages acked, 0 failed"), (line, err[-3000:])
     assert rabbit.ready(queue) == 0
     landed = "ack(s) in doubt never came back" in err

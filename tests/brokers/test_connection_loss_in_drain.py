@@ -7,7 +7,6 @@ saying so."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,8 +14,8 @@ import pytest
 from tests.brokers.conftest import AMQP_URL, TcpProxy
 from tests.brokers.test_counts_agree import status
 from tests.brokers.test_until_idle_failures import summary
-from tests.conftest import REPO, offbroadway_cmd, test_env, wait_until
-from tests.e2e.test_pipeline import make_config
+from tests.conftest import wait_until
+from tests.e2e.test_pipeline import make_config, run_until_idle_while
 
 pytestmark = pytest.mark.broker
 
@@ -38,24 +37,22 @@ def test_a_connection_lost_in_the_drain_runs_again_until_every_message_is_acked(
                          source="rabbitmq", context={"batch_slow": 4.0},
                          options={"url": url, "queue": queue, "backoff_min": 0.2},
                          batchers={"default": {"batch_size": 50, "batch_timeout": 0.2}})
-    daemon = subprocess.Popen(offbroadway_cmd("run", str(config), "--until-idle"), cwd=REPO,
-                              env=test_env(), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-    try:
+
+    def drop_the_connection_in_the_drain() -> None:
         # the last batch is in its slow handle_batch: the source is exhausted, the drain on
         wait_until(lambda: status(config).get("draining"), timeout=60, interval=0.05,
                    message="the drain begun")
         proxy.down()
         proxy.up()
-        out, err = daemon.communicate(timeout=120)
+
+    try:
+        code, out, err = run_until_idle_while(config, drop_the_connection_in_the_drain,
+                                              timeout=120)
     finally:
-        if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait(30)
         proxy.down()
     assert "lost" in err and "messages went back to the source during the drain" in err, \
         err[-3000:]
-    assert daemon.returncode == 0, (out[-1000:], err[-3000:])
+    assert code == 0, (out[-1000:], err[-3000:])
     line = summary(out)
     assert line.startswith(f"e2e: {n} messages acked, 0 failed"), (line, err[-3000:])
     assert rabbit.ready(queue) == 0
